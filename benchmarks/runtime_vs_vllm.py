@@ -1,0 +1,235 @@
+"""Pagoda runtime vs plain vLLM server, side by side in one run, on the tiny local model (CPU engine).
+
+    make bench-runtime            (or: .venv/bin/python benchmarks/runtime_vs_vllm.py [--rounds N])
+
+1. Starts `pagoda-runtime serve` and then `python -m vllm.entrypoints.openai.api_server` with the same
+   engine flags, each timed from process start to its first 200 on /v1/models.
+2. Alternates paired rounds between the two (A/B, B/A, ..., so load from other work hits both alike):
+   throughput = 32 concurrent streams of 64 tokens; TTFT = sequential streamed requests, first token.
+3. Prefix caching: a third server (Pagoda, --no-enable-prefix-caching) vs the first (caching on), both
+   sent a shared ~1,000-token system prompt with short distinct questions; TTFT p50 ratio.
+Prints a markdown table and writes the raw numbers to .pagoda-dev/bench-runtime.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+ENGINE_FLAGS = ["--max-model-len", "4096", "--dtype", "float32"]
+VLLM_ONLY = ["--enforce-eager"]
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+class Server:
+    def __init__(self, name: str, argv: list[str], port: int, workdir: Path) -> None:
+        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
+        env = dict(os.environ, TMPDIR=str(workdir), VLLM_CACHE_ROOT=str(workdir / "vc"), HF_HUB_OFFLINE="1")
+        env.setdefault("VLLM_NO_USAGE_STATS", "1")
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        self.log = (workdir / f"{name}.log").open("wb")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
+        self.startup_s = 0.0
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited rc={self.proc.returncode}; see {self.log.name}")
+            try:
+                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
+                    self.startup_s = time.monotonic() - self.started
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"{self.name} not ready after {timeout}s")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> tuple[float, int]:
+    """(seconds to the first token, tokens streamed) for one streamed completion."""
+    start, first, tokens = time.perf_counter(), 0.0, 0
+    async with client.stream("POST", url, json={**body, "stream": True}) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            text = (choices[0].get("text") or choices[0].get("delta", {}).get("content")) if choices else None
+            if text:
+                tokens += 1
+                if not first:
+                    first = time.perf_counter() - start
+    return first, tokens
+
+
+async def throughput(server: Server, streams: int = 32, tokens: int = 64) -> float:
+    body = {
+        "model": "tiny",
+        "prompt": "Benchmark",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+    }
+    async with httpx.AsyncClient(timeout=300) as client:
+        start = time.perf_counter()
+        results = await asyncio.gather(
+            *(stream_one(client, server.url + "/v1/completions", body) for _ in range(streams))
+        )
+        wall = time.perf_counter() - start
+    return sum(t for _, t in results) / wall
+
+
+async def ttfts(server: Server, n: int, messages: list[list[dict[str, str]]] | None = None) -> list[float]:
+    out = []
+    async with httpx.AsyncClient(timeout=120) as client:
+        for i in range(n):
+            if messages is None:
+                body: dict[str, object] = {"model": "tiny", "prompt": f"Question {i}:", "max_tokens": 4}
+                url = server.url + "/v1/completions"
+            else:
+                body = {"model": "tiny", "messages": messages[i % len(messages)], "max_tokens": 4}
+                url = server.url + "/v1/chat/completions"
+            first, _ = await stream_one(client, url, body)
+            out.append(first)
+    return out
+
+
+def system_prompt(model_dir: Path, target_tokens: int = 1000) -> str:
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    source = (Path(json.__file__).parent / "decoder.py").read_text()
+    words = source.split()
+    text = ""
+    for n in range(50, len(words), 25):
+        text = " ".join(words[:n])
+        if len(tokenizer.encode(text).ids) >= target_tokens:
+            break
+    return text
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--ttft-requests", type=int, default=25)
+    opts = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="pagoda-bench-"))
+    model = work / "tiny"
+    subprocess.run([str(BIN / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
+
+    def pagoda(port: int, *flags: str) -> list[str]:
+        head = [str(BIN / "pagoda-runtime"), "serve", "--model", f"file://{model}", "--served-model-name"]
+        return [
+            *head,
+            "tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *ENGINE_FLAGS,
+            *flags,
+            "--",
+            *VLLM_ONLY,
+        ]
+
+    plain_argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    plain_argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", "18402", *ENGINE_FLAGS]
+    plain_argv += [*VLLM_ONLY, "--disable-uvicorn-access-log"]
+    servers: list[Server] = []
+    try:
+        a = Server("pagoda", pagoda(18401, "--enable-prefix-caching"), 18401, work)
+        servers.append(a)
+        a.wait_ready()
+        b = Server("vllm", plain_argv, 18402, work)
+        servers.append(b)
+        b.wait_ready()
+        results: dict[str, dict[str, list[float]]] = {s.name: {"tps": [], "ttft": []} for s in (a, b)}
+        for s in (a, b):  # warm-up
+            asyncio.run(throughput(s, 8, 16))
+        for i in range(opts.rounds):  # paired rounds, alternating which server goes first
+            for s in (a, b) if i % 2 == 0 else (b, a):
+                results[s.name]["tps"].append(asyncio.run(throughput(s)))
+            for s in (a, b) if i % 2 == 0 else (b, a):
+                results[s.name]["ttft"] += asyncio.run(ttfts(s, opts.ttft_requests))
+        b.stop()
+        c = Server("pagoda-nocache", pagoda(18403, "--no-enable-prefix-caching"), 18403, work)
+        servers.append(c)
+        c.wait_ready()
+        shared = system_prompt(model)
+        chats = [[{"role": "system", "content": shared}, {"role": "user", "content": f"Question {i}?"}]
+                 for i in range(20)]  # fmt: skip
+        prefix = {}
+        for s in (a, c):
+            asyncio.run(ttfts(s, 2, chats))  # the first request fills the cache
+            prefix[s.name] = asyncio.run(ttfts(s, 20, chats))
+    finally:
+        for s in servers:
+            s.stop()
+
+    summary = {
+        "startup_s": {s.name: round(s.startup_s, 1) for s in servers},
+        "throughput_tok_s": {k: round(statistics.median(v["tps"]), 1) for k, v in results.items()},
+        "ttft_p50_ms": {k: round(1000 * pct(v["ttft"], 0.5), 2) for k, v in results.items()},
+        "ttft_p99_ms": {k: round(1000 * pct(v["ttft"], 0.99), 2) for k, v in results.items()},
+        "prefix_ttft_p50_ms": {k: round(1000 * pct(v, 0.5), 2) for k, v in prefix.items()},
+        "throughput_rounds_tok_s": {k: [round(x, 1) for x in v["tps"]] for k, v in results.items()},
+    }
+    t, p50, p99 = summary["throughput_tok_s"], summary["ttft_p50_ms"], summary["ttft_p99_ms"]
+    pre = summary["prefix_ttft_p50_ms"]
+    # The median of per-round ratios: each pair ran back to back, so load from elsewhere mostly cancels.
+    ratio = statistics.median(
+        x / y for x, y in zip(results["pagoda"]["tps"], results["vllm"]["tps"], strict=True)
+    )
+    cache_ratio = pre["pagoda"] / pre["pagoda-nocache"]
+    summary["ratios"] = {"throughput": round(ratio, 3), "prefix_cache_ttft": round(cache_ratio, 3)}
+    out = ROOT / ".pagoda-dev" / "bench-runtime.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    print("| metric | Pagoda runtime | plain vLLM | Pagoda / vLLM |")
+    print("|---|---|---|---|")
+    name = f"throughput, 32 streams x 64 tokens (tok/s, median of {opts.rounds})"
+    print(f"| {name} | {t['pagoda']} | {t['vllm']} | {ratio:.3f}x (median of paired rounds) |")
+    rounds = summary["throughput_rounds_tok_s"]
+    print(f"| throughput per round (tok/s) | {rounds['pagoda']} | {rounds['vllm']} | |")
+    print(f"| TTFT p50 (ms) | {p50['pagoda']} | {p50['vllm']} | {p50['pagoda'] - p50['vllm']:+.2f} ms |")
+    print(f"| TTFT p99 (ms) | {p99['pagoda']} | {p99['vllm']} | {p99['pagoda'] - p99['vllm']:+.2f} ms |")
+    st = summary["startup_s"]
+    print(f"| start-up to ready (s) | {st['pagoda']} | {st['vllm']} | {st['pagoda'] - st['vllm']:+.1f} s |")
+    on, off = pre["pagoda"], pre["pagoda-nocache"]
+    print(
+        f"\nPrefix caching, ~1,000-token shared system prompt, TTFT p50: on {on} ms, off {off} ms, ", end=""
+    )
+    print(f"ratio {cache_ratio:.2f} ({(1 - cache_ratio) * 100:.0f}% lower)")
+    print(f"\nRaw numbers: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""API objects every local control plane starts with: the third-party CRDs and the fake GPU nodes."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e._procs import FAKE_NODE_ANNOTATION, Launcher, wait_until
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def request(api: Any, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+    """A raw API call through a kubernetes ApiClient, without the client's models: (status, JSON)."""
+    headers = {"Accept": "application/json", "Content-Type": "application/json"}
+    m, url, hdrs, data, _ = api.param_serialize(
+        method, path, header_params=headers, body=body, auth_settings=["BearerToken"]
+    )
+    resp = api.call_api(m, url, hdrs, data)
+    raw = resp.read()
+    return resp.status, json.loads(raw) if raw else None
+
+
+def _create(api: Any, path: str, body: dict[str, Any]) -> None:
+    status, result = request(api, "POST", path, body)
+    if status not in (201, 409):  # 409: already there, a reused workdir
+        raise RuntimeError(f"Creating {body['kind']} {body['metadata']['name']} failed ({status}): {result}")
+
+
+def create_crds(api: Any, crd_dir: Path, names: Iterable[str]) -> list[str]:
+    """Creates the CRDs from their upstream YAML files; returns their names."""
+    created = []
+    for name in names:
+        for doc in yaml.safe_load_all((crd_dir / name).read_text()):
+            if doc:
+                _create(api, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", doc)
+                created.append(doc["metadata"]["name"])
+    return created
+
+
+def fake_gpu_node(name: str, product: str, ip: str) -> dict[str, Any]:
+    """A Node that kwok manages: 8 GPUs, 64 CPUs, 512Gi memory, 110 pods."""
+    resources = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU_RESOURCE: "8", "ephemeral-storage": "1Ti"}
+    key, value = FAKE_NODE_ANNOTATION.split("=")
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {key: value},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                GPU_PRODUCT_LABEL: product,
+                "nvidia.com/gpu.count": "8",
+            },
+        },
+        "spec": {},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+        },
+    }
+
+
+def create_fake_gpu_node(api: Any, name: str, product: str, ip: str) -> None:
+    _create(api, "/api/v1/nodes", fake_gpu_node(name, product, ip))
+
+
+def _condition(obj: dict[str, Any], kind: str) -> str | None:
+    for cond in obj.get("status", {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
+    return None
+
+
+def wait_crds_established(launcher: Launcher, api: Any, names: Iterable[str], deadline: float) -> None:
+    for name in names:
+
+        def established(name: str = name) -> bool:
+            _, crd = request(api, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+            return _condition(crd, "Established") == "True"
+
+        wait_until(launcher, f"CRD {name} to be Established", established, deadline)
+
+
+def wait_nodes_ready(launcher: Launcher, api: Any, names: Iterable[str], deadline: float) -> None:
+    for name in names:
+
+        def ready(name: str = name) -> bool:
+            _, node = request(api, "GET", f"/api/v1/nodes/{name}")
+            return _condition(node, "Ready") == "True"
+
+        wait_until(launcher, f"node {name} to be Ready (kwok)", ready, deadline, log_of="kwok")
+
+
+def wait_service_account(launcher: Launcher | None, api: Any, namespace: str, deadline: float) -> None:
+    """Waits for the namespace's `default` ServiceAccount (made by the controller manager): until it
+    exists, the API server rejects pods in that namespace."""
+
+    def exists() -> bool:
+        status, result = request(api, "GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+        if status not in (200, 404):
+            raise RuntimeError(f"Reading ServiceAccount {namespace}/default failed ({status}): {result}")
+        return status == 200
+
+    if launcher is not None:
+        wait_until(
+            launcher, f"ServiceAccount {namespace}/default", exists, deadline, "kube-controller-manager"
+        )
+        return
+    while not exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"Timed out waiting for ServiceAccount {namespace}/default.")
+        time.sleep(0.1)

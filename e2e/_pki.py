@@ -1,0 +1,139 @@
+"""Keys and certificates for one local control plane: a CA, the API server's serving certificate, an
+admin client certificate (group system:masters) and the service-account signing key pair."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca_cert: Path
+    serving_cert: Path
+    serving_key: Path
+    admin_cert: Path
+    admin_key: Path
+    sa_key: Path
+    sa_pub: Path
+
+
+def _key() -> ec.EllipticCurvePrivateKey:
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    path.chmod(0o600)
+
+
+def _name(common_name: str, org: str | None = None) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
+    if org:
+        attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+    return x509.Name(attrs)
+
+
+def _issue(
+    subject: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    issuer: x509.Name,
+    issuer_key: ec.EllipticCurvePrivateKey,
+    *,
+    ca: bool = False,
+    usage: x509.ObjectIdentifier | None = None,
+    sans: list[x509.GeneralName] | None = None,
+) -> x509.Certificate:
+    now = datetime.datetime.now(datetime.UTC)
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+    )
+    if ca:
+        builder = builder.add_extension(
+            x509.KeyUsage(True, False, False, False, False, True, True, False, False), critical=True
+        )
+    else:
+        builder = builder.add_extension(
+            x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True
+        )
+    if usage is not None:
+        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return builder.sign(issuer_key, hashes.SHA256())
+
+
+def write_pki(directory: Path) -> Pki:
+    """Writes a fresh set of keys and certificates into `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    pki = Pki(
+        ca_cert=directory / "ca.crt",
+        serving_cert=directory / "apiserver.crt",
+        serving_key=directory / "apiserver.key",
+        admin_cert=directory / "admin.crt",
+        admin_key=directory / "admin.key",
+        sa_key=directory / "sa.key",
+        sa_pub=directory / "sa.pub",
+    )
+    ca_key, ca_name = _key(), _name("pagoda-local-ca")
+    ca = _issue(ca_name, ca_key, ca_name, ca_key, ca=True)
+    pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+    serving_key = _key()
+    sans: list[x509.GeneralName] = [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.IPAddress(ipaddress.ip_address("10.96.0.1")),
+        x509.DNSName("localhost"),
+        x509.DNSName("kubernetes"),
+        x509.DNSName("kubernetes.default"),
+        x509.DNSName("kubernetes.default.svc"),
+        x509.DNSName("kubernetes.default.svc.cluster.local"),
+    ]
+    serving = _issue(
+        _name("kube-apiserver"),
+        serving_key,
+        ca_name,
+        ca_key,
+        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        sans=sans,
+    )
+    pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.serving_key, serving_key)
+
+    admin_key = _key()
+    admin = _issue(
+        _name("pagoda-admin", "system:masters"),
+        admin_key,
+        ca_name,
+        ca_key,
+        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+    )
+    pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.admin_key, admin_key)
+
+    sa_key = _key()
+    _write_key(pki.sa_key, sa_key)
+    pki.sa_pub.write_bytes(
+        sa_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+    return pki

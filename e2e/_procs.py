@@ -1,0 +1,265 @@
+"""Processes of the local control plane: ports, command lines, launching with logs, waiting, stopping."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from e2e._pki import Pki
+
+POLL = 0.1
+STOP_GRACE = 10.0
+SERVICE_CIDR = "10.96.0.0/16"
+POD_CIDR = "10.244.0.0/16"
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
+
+
+class StartError(RuntimeError):
+    """A component exited or did not become ready in time."""
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together so that they differ)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def write_kubeconfig(path: Path, server: str, pki: Pki) -> None:
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: pagoda-local
+  cluster:
+    server: {server}
+    certificate-authority: {pki.ca_cert}
+users:
+- name: pagoda-admin
+  user:
+    client-certificate: {pki.admin_cert}
+    client-key: {pki.admin_key}
+contexts:
+- name: pagoda-local
+  context: {{cluster: pagoda-local, user: pagoda-admin}}
+current-context: pagoda-local
+"""
+    )
+
+
+def component_args(
+    workdir: Path,
+    bin_dir: Path,
+    pki: Pki,
+    kubeconfig: Path,
+    etcd_port: int,
+    peer_port: int,
+    api_port: int,
+    kcm_port: int,
+    sched_port: int,
+) -> dict[str, list[str]]:
+    """Command-line arguments of each component, in start order."""
+    peer = f"http://127.0.0.1:{peer_port}"
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    delegated = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}"]
+    delegated += [
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+    ]
+    return {
+        "etcd": [
+            "--name=pagoda",
+            f"--data-dir={workdir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=pagoda={peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            f"--etcd-servers={etcd_url}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={workdir / 'kube-apiserver'}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # Endpoints may not carry a loopback address, so the `kubernetes` Service gets none here.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            "--profiling=false",
+        ],
+        "kube-controller-manager": [
+            *delegated,
+            f"--secure-port={kcm_port}",
+            f"--cert-dir={workdir / 'kube-controller-manager'}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--profiling=false",
+        ],
+        "kube-scheduler": [
+            *delegated,
+            f"--secure-port={sched_port}",
+            f"--cert-dir={workdir / 'kube-scheduler'}",
+            "--profiling=false",
+        ],
+        "kwok": [
+            f"--kubeconfig={kubeconfig}",
+            f"--config={bin_dir / 'kwok-stages.yaml'}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}",
+            f"--cidr={POD_CIDR}",
+            "--node-lease-duration-seconds=40",
+        ],
+    }
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGKILL when the parent (the test session) exits, however it exits. (Not SIGTERM:
+    kube-apiserver's graceful shutdown can hang once etcd is gone, and the data is thrown away anyway.)"""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class Launcher:
+    """Starts components with their output in LOG_DIR/NAME.log and watches that they stay up."""
+
+    def __init__(self, bin_dir: Path, log_dir: Path, *, detach: bool) -> None:
+        self.bin_dir = bin_dir
+        self.log_dir = log_dir
+        self.detach = detach
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        log_dir.mkdir(parents=True, exist_ok=True)
+
+    def launch(self, name: str, args: list[str]) -> int:
+        with open(self.log_dir / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(
+                [str(self.bin_dir / name), *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=None if self.detach else _die_with_parent,
+            )
+        self.procs[name] = proc
+        return proc.pid
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise StartError(f"{name} exited with code {proc.returncode}:\n{self.log_tail(name)}")
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        return "\n".join(text[-lines:])
+
+
+def wait_until(
+    launcher: Launcher, what: str, probe: Callable[[], bool], deadline: float, log_of: str | None = None
+) -> None:
+    """Polls `probe` until it returns True; fails early when any component exits."""
+    while True:
+        launcher.check_alive()
+        if probe():
+            return
+        if time.monotonic() > deadline:
+            tail = f"\n{launcher.log_tail(log_of)}" if log_of else ""
+            raise StartError(f"Timed out waiting for {what}.{tail}")
+        time.sleep(POLL)
+
+
+def wait_http(launcher: Launcher, name: str, url: str, deadline: float, pki: Pki | None = None) -> None:
+    """Waits until `url` answers 200 (the component's /readyz or /healthz)."""
+    if pki is not None:
+        ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+        ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+    else:  # self-signed serving certificates that the component made for itself
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
+                return bool(resp.status == 200)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    wait_until(launcher, f"{name} at {url}", probe, deadline, log_of=name)
+
+
+def _exe_matches(pid: int, exe: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == str(exe.resolve())
+    except OSError:
+        return False
+
+
+def _gone(pid: int) -> bool:
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)  # reaps it when it is our child
+        if done:
+            return True
+    except ChildProcessError:
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def all_alive(pids: dict[str, int], bin_dir: Path) -> bool:
+    return bool(pids) and all(_exe_matches(pid, bin_dir / name) for name, pid in pids.items())
+
+
+def terminate_child(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after a grace period, to a process this one started."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(STOP_GRACE)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def terminate(pid: int, exe: Path) -> None:
+    """SIGTERM, then SIGKILL after a grace period, to `pid` only if it still runs `exe` (a process
+    started by an earlier `python -m e2e.cluster up`)."""
+    if not _exe_matches(pid, exe):
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        while not _gone(pid):
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                deadline = float("inf")
+            time.sleep(POLL / 2)
+    except ProcessLookupError:
+        return

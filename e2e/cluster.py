@@ -1,0 +1,241 @@
+"""A real local Kubernetes control plane: etcd, kube-apiserver (RBAC on), kube-controller-manager,
+kube-scheduler and kwok with two fake GPU nodes, all built by e2e/tools/build.sh.
+
+    python -m e2e.cluster up      # detached; kubeconfig at .pagoda-dev/kubeconfig
+    python -m e2e.cluster down
+
+Tests use e2e/fixtures.py, which starts a private instance of the same cluster in a temp dir.
+Every process started is recorded by PID (the state file in the workdir) and `stop()` ends exactly those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e import _objects, _procs
+from e2e._pki import write_pki
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEV_DIR = REPO_ROOT / ".pagoda-dev"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+CRD_FILES = (
+    "keda.sh_scaledobjects.yaml",
+    "monitoring.coreos.com_servicemonitors.yaml",
+    "monitoring.coreos.com_prometheusrules.yaml",
+)
+GPU_NODES = ("gpu-node-0", "gpu-node-1")
+GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
+START_TIMEOUT = 120.0
+STATE_FILE = "state.json"
+
+
+class ToolsMissingError(RuntimeError):
+    """The Go-built binaries are not where the harness looks for them."""
+
+
+def default_bin_dir() -> Path:
+    return Path(os.environ.get("PAGODA_BIN") or DEV_DIR / "bin").resolve()
+
+
+def check_bin_dir(bin_dir: Path) -> None:
+    missing = [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+    missing += [f"crds/{name}" for name in CRD_FILES if not (bin_dir / "crds" / name).is_file()]
+    if not (bin_dir / "kwok-stages.yaml").is_file():
+        missing.append("kwok-stages.yaml")
+    if missing:
+        raise ToolsMissingError(
+            f"The local control plane's binaries are missing from {bin_dir} (PAGODA_BIN): "
+            f"{', '.join(missing)}. Run `make tools` (it runs e2e/tools/build.sh .pagoda-dev/bin)."
+        )
+
+
+@dataclass
+class Cluster:
+    """A running control plane. `kubeconfig` is an admin kubeconfig for `server`."""
+
+    workdir: Path
+    bin_dir: Path
+    kubeconfig: Path
+    server: str
+    pids: dict[str, int] = field(default_factory=dict)
+    _launcher: _procs.Launcher | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def from_kubeconfig(cls, kubeconfig: Path, bin_dir: Path | None = None) -> Cluster:
+        """A cluster someone else runs (`python -m e2e.cluster up`); `stop()` leaves it running."""
+        config = yaml.safe_load(kubeconfig.read_text())
+        current = config.get("current-context")
+        context = next(c["context"] for c in config["contexts"] if c["name"] == current)
+        server = next(c["cluster"]["server"] for c in config["clusters"] if c["name"] == context["cluster"])
+        return cls(
+            workdir=kubeconfig.parent,
+            bin_dir=bin_dir or default_bin_dir(),
+            kubeconfig=kubeconfig,
+            server=server,
+        )
+
+    def api_client(self) -> Any:
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))  # type: ignore[no-untyped-call]
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        cmd = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
+        proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
+        return proc
+
+    def stop(self) -> None:
+        """Ends exactly the processes this cluster started (by PID), most dependent first."""
+        if not self.pids:
+            return
+        own = self._launcher.procs if self._launcher else {}
+        for name in reversed(list(self.pids)):
+            if name in own:
+                _procs.terminate_child(own[name])
+            else:
+                _procs.terminate(self.pids[name], self.bin_dir / name)
+        self.pids.clear()
+        (self.workdir / STATE_FILE).unlink(missing_ok=True)
+
+    def save_state(self) -> None:
+        state = {
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "bin_dir": str(self.bin_dir),
+            "pids": self.pids,
+        }
+        (self.workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    @classmethod
+    def load_state(cls, workdir: Path) -> Cluster | None:
+        path = workdir / STATE_FILE
+        if not path.is_file():
+            return None
+        state = json.loads(path.read_text())
+        return cls(
+            workdir=workdir,
+            bin_dir=Path(state["bin_dir"]),
+            kubeconfig=Path(state["kubeconfig"]),
+            server=state["server"],
+            pids={k: int(v) for k, v in state["pids"].items()},
+        )
+
+
+def start(
+    workdir: Path, bin_dir: Path | None = None, *, detach: bool = False, timeout: float = START_TIMEOUT
+) -> Cluster:
+    """Starts every component, then waits until the API serves, controllers and scheduler are healthy,
+    the fake GPU nodes are Ready and the third-party CRDs are Established."""
+    bin_dir = (bin_dir or default_bin_dir()).resolve()
+    check_bin_dir(bin_dir)
+    workdir = workdir.resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    pki = write_pki(workdir / "pki")
+    etcd_port, peer_port, api_port, kcm_port, sched_port = _procs.free_ports(5)
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = workdir / "admin.kubeconfig"
+    _procs.write_kubeconfig(kubeconfig, server, pki)
+    launcher = _procs.Launcher(bin_dir, workdir / "logs", detach=detach)
+    cluster = Cluster(workdir, bin_dir, kubeconfig, server, _launcher=None if detach else launcher)
+    deadline = time.monotonic() + timeout
+    try:
+        for name, args in _procs.component_args(
+            workdir, bin_dir, pki, kubeconfig, etcd_port, peer_port, api_port, kcm_port, sched_port
+        ).items():
+            cluster.pids[name] = launcher.launch(name, args)
+            cluster.save_state()
+        _procs.wait_http(launcher, "kube-apiserver", f"{server}/readyz", deadline, pki=pki)
+        api = cluster.api_client()
+        try:
+            crds = _objects.create_crds(api, bin_dir / "crds", CRD_FILES)
+            for i, node in enumerate(GPU_NODES):
+                _objects.create_fake_gpu_node(api, node, GPU_PRODUCT, ip=f"10.254.0.{i + 1}")
+            _procs.wait_http(
+                launcher, "kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", deadline
+            )
+            _procs.wait_http(launcher, "kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", deadline)
+            _objects.wait_crds_established(launcher, api, crds, deadline)
+            _objects.wait_nodes_ready(launcher, api, GPU_NODES, deadline)
+            _objects.wait_service_account(launcher, api, "default", deadline)
+        finally:
+            api.close()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def _cmd_up(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir)
+    existing = Cluster.load_state(workdir)
+    if existing is not None and _procs.all_alive(existing.pids, existing.bin_dir):
+        print(f"The local control plane is already running at {existing.server}.")
+        _print_usage(Path(args.kubeconfig))
+        return 0
+    if existing is not None:
+        existing.stop()
+    began = time.monotonic()
+    cluster = start(workdir, detach=True)
+    link = Path(args.kubeconfig)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.write_text(cluster.kubeconfig.read_text())
+    print(f"Started the local control plane at {cluster.server} in {time.monotonic() - began:.1f}s.")
+    print(f"Logs and PIDs are in {workdir}.")
+    _print_usage(link)
+    return 0
+
+
+def _print_usage(kubeconfig: Path) -> None:
+    kubectl = default_bin_dir() / "kubectl"
+    print(f"  export KUBECONFIG={kubeconfig}")
+    print(f"  {kubectl} get nodes        # two fake GPU nodes (kwok), nvidia.com/gpu: 8 each")
+    print("  make cluster-down           # stops it")
+
+
+def _cmd_down(args: argparse.Namespace) -> int:
+    cluster = Cluster.load_state(Path(args.workdir))
+    if cluster is None:
+        print("No local control plane is recorded as running.")
+        return 0
+    cluster.stop()
+    Path(args.kubeconfig).unlink(missing_ok=True)
+    print(f"Stopped the local control plane ({cluster.server}).")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=("up", "down"))
+    parser.add_argument("--workdir", default=str(DEV_DIR / "cluster"), help="state, logs, data")
+    parser.add_argument("--kubeconfig", default=str(DEV_DIR / "kubeconfig"), help="where `up` writes it")
+    args = parser.parse_args(argv)
+    try:
+        return _cmd_up(args) if args.command == "up" else _cmd_down(args)
+    except (ToolsMissingError, _procs.StartError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def start_private(bin_dir: Path | None = None) -> Cluster:
+    """A cluster in a fresh temp dir, for tests; its processes die with the calling process."""
+    return start(Path(tempfile.mkdtemp(prefix="pagoda-cluster-")), bin_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

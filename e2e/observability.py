@@ -1,0 +1,305 @@
+"""A real Prometheus (Debian's `prometheus` binary) on loopback, a real runtime to scrape, and load for it.
+
+Prometheus runs with a private config and data dir (not the Debian service). Targets are given through a
+file_sd file, so they can be added while it runs. Each target carries the labels the Prometheus Operator
+puts on a ServiceMonitor's targets (`job`, `namespace`, `service`, `pod`, `endpoint`), so the dashboards'
+and alerts' queries run here exactly as they would in a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import yaml
+
+T = TypeVar("T")
+SCRAPE_INTERVAL = "1s"
+# What Grafana's $__rate_interval becomes for a 1s scrape interval and a short dashboard range.
+RATE_INTERVAL = "20s"
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(probe: Callable[[], T], what: str, timeout: float, interval: float = 0.25) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"Timed out after {timeout:.0f}s waiting for {what}.")
+        time.sleep(interval)
+
+
+def prometheus_binary() -> str:
+    found = shutil.which("prometheus") or (
+        "/usr/bin/prometheus" if os.access("/usr/bin/prometheus", os.X_OK) else None
+    )
+    if not found:
+        raise AssertionError("prometheus not found: `make test` installs Debian's prometheus package")
+    return found
+
+
+class PromQLError(AssertionError):
+    pass
+
+
+@dataclass
+class Prometheus:
+    workdir: Path
+    port: int = field(default_factory=free_port)
+    rule_files: list[Path] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+    targets: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Prometheus:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._write_targets()
+        config = {
+            "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+            "rule_files": [str(path) for path in self.rule_files],
+            "scrape_configs": [
+                {
+                    "job_name": "pagoda",
+                    "file_sd_configs": [
+                        {"files": [str(self.workdir / "targets.json")], "refresh_interval": "1s"}
+                    ],
+                    # The Prometheus Operator sets `job` to the Service's name (file_sd cannot set it).
+                    "relabel_configs": [{"source_labels": ["__job"], "target_label": "job"}],
+                }
+            ],
+        }
+        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        log = (self.workdir / "prometheus.log").open("wb")
+        self.proc = subprocess.Popen(
+            [
+                prometheus_binary(),
+                f"--config.file={self.workdir / 'prometheus.yml'}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        wait_until(self._ready, "Prometheus /-/ready", timeout=60)
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"prometheus exited rc={self.proc.returncode}: {self.log()[-2000:]}")
+        try:
+            return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def log(self) -> str:
+        return (self.workdir / "prometheus.log").read_text(errors="replace")
+
+    def _write_targets(self) -> None:
+        tmp = self.workdir / "targets.json.tmp"
+        tmp.write_text(json.dumps(self.targets))
+        tmp.replace(self.workdir / "targets.json")  # atomic: Prometheus never reads half a file
+
+    def add_target(self, address: str, *, namespace: str, service: str, pod: str, endpoint: str) -> None:
+        """Scrape `address` with the labels a ServiceMonitor's target gets from the Prometheus Operator."""
+        labels = {
+            "__job": service,
+            "namespace": namespace,
+            "service": service,
+            "pod": pod,
+            "endpoint": endpoint,
+        }
+        self.targets.append({"targets": [address], "labels": labels})
+        self._write_targets()
+        wait_until(lambda: self._target_up(address), f"Prometheus to scrape {address}", timeout=60)
+
+    def _target_up(self, address: str) -> bool:
+        active = self.api("targets")["activeTargets"]
+        return any(t["scrapeUrl"].startswith(f"http://{address}/") and t["health"] == "up" for t in active)
+
+    def api(self, path: str, **params: str) -> Any:
+        response = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
+        body = response.json()
+        if body.get("status") != "success":
+            raise PromQLError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("query", query=expr)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def query_range(self, expr: str, start: float, end: float, step: str = "2s") -> list[dict[str, Any]]:
+        data = self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=step)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        values: list[str] = self.api(f"label/{label}/values", **{"match[]": match})
+        return values
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def runtime_env(workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
+    env.update(
+        TMPDIR=str(workdir / "tmp"),
+        VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
+        VLLM_NO_USAGE_STATS="1",
+        HF_HUB_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("PAGODA_API_KEY", None)
+    return env
+
+
+@dataclass
+class Runtime:
+    """`pagoda-runtime serve` on the tiny model, as a subprocess on a free loopback port."""
+
+    model_dir: Path
+    workdir: Path
+    served_name: str = "tiny"
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 300) -> Runtime:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        args = [str(VENV_BIN / "pagoda-runtime"), "serve", "--model", f"file://{self.model_dir}"]
+        args += ["--served-model-name", self.served_name, "--host", "127.0.0.1", "--port", str(self.port)]
+        args += ["--cache-dir", str(self.workdir / "cache"), "--dtype", "float32", "--max-model-len", "1024"]
+        args += ["--max-num-seqs", "4", "--enable-prefix-caching", "--", "--enforce-eager"]
+        # Small KV blocks, so that the shared system prompt fills whole blocks the prefix cache can reuse
+        # (given to vLLM directly: the runtime's own --block-size rejects every value, see the chart report).
+        args += ["--block-size", "32"]
+        log = (self.workdir / "runtime.log").open("wb")
+        self.proc = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env=runtime_env(self.workdir)
+        )
+        wait_until(self._ready, "the runtime's /readyz", timeout=timeout, interval=0.5)
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"pagoda-runtime exited rc={self.proc.returncode}: {self.log()[-3000:]}")
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def log(self) -> str:
+        return (self.workdir / "runtime.log").read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+SHARED_PREFIX = (
+    "You are a concise assistant for a team that runs language models on Kubernetes. Answer in one short "
+    "sentence, without lists, and never repeat the question. The team serves several models behind one "
+    "gateway, scales them on queue depth, and watches time to first token, inter-token latency and the "
+    "KV cache on its dashboards. "
+)
+
+
+class Load:
+    """`clients` threads sending streamed chat requests back to back until stopped.
+
+    The prompts share a long system prefix, so the prefix cache gets hits; there are more clients than
+    the engine's max-num-seqs, so requests queue."""
+
+    def __init__(self, url: str, model: str, clients: int = 6, max_tokens: int = 24) -> None:
+        self.url, self.model, self.clients, self.max_tokens = url, model, clients, max_tokens
+        self.stop_event = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.completed = 0
+        self.failures: list[str] = []
+        self._lock = threading.Lock()
+
+    def _client(self, index: int) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as http:
+            n = 0
+            while not self.stop_event.is_set():
+                n += 1
+                body = {
+                    "model": self.model,
+                    "messages": [
+                        {"role": "system", "content": SHARED_PREFIX},
+                        {"role": "user", "content": f"Client {index}, question {n}: what is a GPU?"},
+                    ],
+                    "max_tokens": self.max_tokens,
+                    "stream": True,
+                }
+                try:
+                    with http.stream("POST", "/v1/chat/completions", json=body) as response:
+                        for _ in response.iter_lines():
+                            pass
+                        failure = None if response.status_code == 200 else f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    failure = repr(exc)
+                with self._lock:
+                    if failure is None:
+                        self.completed += 1
+                    else:
+                        self.failures.append(failure)
+
+    def start(self) -> Load:
+        for index in range(self.clients):
+            thread = threading.Thread(target=self._client, args=(index,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(timeout=180)

@@ -1,0 +1,338 @@
+"""The Helm chart on the real local control plane, the way a platform team uses it.
+
+1. Every scenario under charts/pagoda/ci/ is validated by the real API server (server-side dry-run with
+   strict field validation: the Kubernetes schemas, the CRDs' schemas, unknown fields rejected).
+2. `helm install`; the operator then runs (as a local process) with a token of the chart's ServiceAccount,
+   so the API server enforces exactly the chart's RBAC, and reconciles samples to Ready.
+3. Argo CD's view: the user's manifests show no diff after the operator has reconciled (`kubectl diff`),
+   the operator owns no field of the spec, an autoscaled Deployment carries no operator-owned
+   spec.replicas (a replica count set by the autoscaler survives reconciles), and the Lua health check
+   reports the live object Healthy.
+4. `helm upgrade` adds and removes objects; `helm uninstall` leaves nothing behind but the CRD it was
+   told to keep, and deletes that too when crds.keep=false.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.chartenv import (
+    CHART,
+    CRD_NAME,
+    REPO,
+    Operator,
+    adopt_crd,
+    condition,
+    helm,
+    kubectl_json,
+    managed_fields,
+    service_account_kubeconfig,
+)
+from e2e.cluster import Cluster
+from e2e.observability import wait_until
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "pagoda"
+SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+HEALTH_LUA = REPO / "argocd" / "resource_customizations" / "pagoda.dev" / "InferenceService" / "health.lua"
+
+
+def sample(namespace: str, name: str, autoscaled: bool = False) -> dict[str, Any]:
+    obj = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    if autoscaled:
+        obj["spec"].pop("replicas", None)
+        obj["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 4}
+    return dict(obj)
+
+
+def release_objects(cluster: Cluster, namespace: str) -> list[tuple[str, str, str]]:
+    """(kind, namespace, name) of every object in the release's manifest."""
+    manifest = helm(cluster, "get", "manifest", RELEASE, "-n", namespace).stdout
+    return [
+        (doc["kind"], doc["metadata"].get("namespace", ""), doc["metadata"]["name"])
+        for doc in yaml.safe_load_all(manifest)
+        if doc
+    ]
+
+
+def exists(cluster: Cluster, kind: str, namespace: str, name: str) -> bool:
+    args = ["get", kind, name, "--ignore-not-found", "-o", "name"] + (["-n", namespace] if namespace else [])
+    return bool(cluster.kubectl(*args).stdout.strip())
+
+
+@pytest.fixture(scope="module")
+def workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="pagoda-chart-"))
+
+
+@pytest.fixture(scope="module")
+def release_ns(cluster: Cluster) -> Iterator[str]:
+    name = f"pagoda-system-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    helm(cluster, "uninstall", RELEASE, "-n", name, "--ignore-not-found", check=False)
+    cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
+    # Leave the CRD installed for the tests that come after (as the harness' users expect it).
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster, release_ns: str) -> str:
+    adopt_crd(cluster, RELEASE, release_ns)
+    result = helm(cluster, "install", RELEASE, str(CHART), "-n", release_ns)
+    assert f"kubectl -n {release_ns} rollout status deployment/pagoda" in result.stdout  # NOTES.txt
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, release_ns: str, installed: str, workdir: Path) -> Iterator[Operator]:
+    kubeconfig = service_account_kubeconfig(cluster, release_ns, "pagoda", workdir / "operator.kubeconfig")
+    process = Operator(kubeconfig, workdir).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(f"\nThe operator's log is {process.log_path}.")
+
+
+@pytest.fixture(scope="module")
+def samples(cluster: Cluster, operator: Operator, workdir: Path) -> Iterator[tuple[str, Path]]:
+    """A plain and an autoscaled InferenceService, applied like Argo CD applies (client-side apply)."""
+    namespace = f"chart-samples-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    path = workdir / "samples.yaml"
+    path.write_text(
+        yaml.safe_dump_all([sample(namespace, "tiny"), sample(namespace, "tiny-auto", autoscaled=True)])
+    )
+    cluster.kubectl("apply", "-f", str(path))
+    try:
+        for name in ("tiny", "tiny-auto"):
+
+            def ready(name: str = name) -> bool:
+                operator.healthy()  # fails at once, with its log, if the operator died
+                live = kubectl_json(cluster, "get", "inferenceservice", name, "-n", namespace)
+                degraded = condition(live, "Degraded")
+                assert degraded.get("reason") != "Forbidden", degraded[
+                    "message"
+                ]  # the chart's RBAC falls short
+                return condition(live, "Ready").get("status") == "True"
+
+            wait_until(ready, f"InferenceService {namespace}/{name} to be Ready", timeout=180, interval=1)
+        yield namespace, path
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found")
+
+
+@pytest.mark.parametrize("values", SCENARIOS, ids=[p.name.removesuffix("-values.yaml") for p in SCENARIOS])
+def test_scenario_manifests_pass_the_api_servers_validation(
+    cluster: Cluster, values: Path, workdir: Path
+) -> None:
+    namespace = f"dry-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("create", "namespace", "pagoda-tenant-a", check=False)  # the namespaced scenario's target
+    try:
+        version = kubectl_json(cluster, "version")["serverVersion"]["gitVersion"]
+        rendered = helm(
+            cluster,
+            "template",
+            RELEASE,
+            str(CHART),
+            "-n",
+            namespace,
+            "-f",
+            str(values),
+            "--kube-version",
+            version,
+        ).stdout
+        docs = [doc for doc in yaml.safe_load_all(rendered) if doc]
+        assert docs
+        result = cluster.kubectl(
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "--validate=strict",
+            "--force-conflicts",
+            "--field-manager=pagoda-chart-validation",
+            "-f",
+            "-",
+            input=rendered,
+        )
+        applied = [line for line in result.stdout.splitlines() if "(server dry run)" in line]
+        assert len(applied) == len(docs), result.stdout
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def test_install_creates_every_object(cluster: Cluster, release_ns: str, installed: str) -> None:
+    objects = release_objects(cluster, release_ns)
+    kinds = {kind for kind, _, _ in objects}
+    assert {
+        "CustomResourceDefinition",
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "Service",
+        "ConfigMap",
+    } <= kinds
+    for kind, namespace, name in objects:
+        assert exists(cluster, kind, namespace, name), f"{kind} {namespace}/{name} missing after install"
+    crd = kubectl_json(cluster, "get", "crd", CRD_NAME)
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
+    cluster: Cluster, release_ns: str, operator: Operator, samples: tuple[str, Path]
+) -> None:
+    namespace, _ = samples
+    for kind in ("deployment", "service", "poddisruptionbudget"):
+        for name in ("tiny", "tiny-auto"):
+            assert exists(cluster, kind, namespace, name), f"{kind} {name}"
+    assert exists(cluster, "scaledobject", namespace, "tiny-auto")
+    assert not exists(cluster, "scaledobject", namespace, "tiny")
+    events = kubectl_json(cluster, "get", "events", "-n", namespace)["items"]
+    assert any(e.get("reportingComponent") == "pagoda-operator" for e in events)
+    log = operator.log()
+    for bad in ("403", "Forbidden", "Not enough permissions"):
+        assert bad not in log, f"the operator hit {bad!r} with the chart's RBAC:\n{log[-3000:]}"
+    # The API server enforced the ServiceAccount's permissions: what the chart does not grant is refused.
+    who = f"--as=system:serviceaccount:{release_ns}:pagoda"
+    assert (
+        cluster.kubectl("auth", "can-i", "patch", "deployments", "-A", who, check=False).stdout.strip()
+        == "yes"
+    )
+    for verb, resource in (("get", "secrets"), ("update", "deployments"), ("delete", "inferenceservices")):
+        answer = cluster.kubectl("auth", "can-i", verb, resource, "-A", who, check=False).stdout.strip()
+        assert answer == "no", f"{verb} {resource}: {answer}"
+
+
+def test_argocd_sees_no_diff_after_the_operator_reconciled(
+    cluster: Cluster, operator: Operator, samples: tuple[str, Path]
+) -> None:
+    namespace, path = samples
+    before = operator.reconciles()
+    wait_until(
+        lambda: operator.reconciles() >= before + 4, "a few more reconcile passes (resync)", timeout=60
+    )
+    # kubectl diff compares the manifests with a server-side dry-run of applying them: exit 0 is "no diff".
+    diff = cluster.kubectl("diff", "-f", str(path), check=False)
+    assert diff.returncode == 0, diff.stdout + diff.stderr
+    for name in ("tiny", "tiny-auto"):
+        live = kubectl_json(cluster, "get", "inferenceservice", name, "-n", namespace)
+        # Only the user (kubectl's client-side apply, as Argo CD's) owns spec fields; others only the status.
+        entries = managed_fields(cluster, "inferenceservice", namespace, name)
+        others = [e for e in entries if e["manager"] != "kubectl-client-side-apply"]
+        assert any(e.get("subresource") == "status" for e in others), (
+            f"no status written on {name}: {entries}"
+        )
+        for entry in others:
+            assert entry.get("subresource") == "status", (
+                f"{entry['manager']} owns spec fields of {name}: {entry}"
+            )
+        assert live["metadata"]["generation"] == 1, "the spec was changed after the user applied it"
+
+
+def test_autoscaled_deployment_replicas_belong_to_the_autoscaler(
+    cluster: Cluster, operator: Operator, samples: tuple[str, Path]
+) -> None:
+    namespace, _ = samples
+    (applied,) = managed_fields(cluster, "deployment", namespace, "tiny-auto", "pagoda-operator")
+    assert applied["operation"] == "Apply"
+    assert "f:replicas" not in applied["fieldsV1"].get("f:spec", {}), "the operator owns spec.replicas"
+    # What the HPA does through the scale subresource: it must survive the operator's next passes.
+    cluster.kubectl("scale", "deployment", "tiny-auto", "-n", namespace, "--replicas=3")
+    before = operator.reconciles()
+    wait_until(lambda: operator.reconciles() >= before + 4, "reconcile passes after scaling", timeout=60)
+    deployment = kubectl_json(cluster, "get", "deployment", "tiny-auto", "-n", namespace)
+    assert deployment["spec"]["replicas"] == 3
+    # A fixed-size service keeps its replicas owned by the operator, from spec.replicas.
+    (applied,) = managed_fields(cluster, "deployment", namespace, "tiny", "pagoda-operator")
+    assert "f:replicas" in applied["fieldsV1"]["f:spec"]
+
+
+def test_argocd_health_check_reports_the_live_object_healthy(
+    cluster: Cluster, samples: tuple[str, Path]
+) -> None:
+    import lupa.lua51 as lua51
+
+    namespace, _ = samples
+    live = kubectl_json(cluster, "get", "inferenceservice", "tiny", "-n", namespace)
+    lua = lua51.LuaRuntime()
+
+    def to_lua(value: Any) -> Any:
+        if isinstance(value, dict):
+            return lua.table_from({k: to_lua(v) for k, v in value.items()})
+        if isinstance(value, list):
+            return lua.table_from([to_lua(v) for v in value])
+        return value
+
+    lua.globals().obj = to_lua(live)
+    result = lua.execute(HEALTH_LUA.read_text())
+    assert result["status"] == "Healthy", (result["status"], result["message"], live.get("status"))
+    # A spec change the operator has not observed yet is Progressing, whatever the old conditions say.
+    stale = copy.deepcopy(live)
+    stale["metadata"]["generation"] += 1
+    lua.globals().obj = to_lua(stale)
+    assert lua.execute(HEALTH_LUA.read_text())["status"] == "Progressing"
+
+
+def test_upgrade_adds_and_removes_objects(cluster: Cluster, release_ns: str, operator: Operator) -> None:
+    monitoring = CHART / "ci" / "monitoring-values.yaml"
+    helm(cluster, "upgrade", RELEASE, str(CHART), "-n", release_ns, "-f", str(monitoring))
+    assert exists(cluster, "servicemonitor", release_ns, "pagoda")
+    assert exists(cluster, "prometheusrule", release_ns, "pagoda")
+    cm = kubectl_json(cluster, "get", "configmap", "pagoda-dashboard-inferenceservice", "-n", release_ns)
+    assert cm["metadata"]["annotations"]["grafana_folder"] == "Pagoda"
+    # Without values Helm would reuse the last release's; --reset-values goes back to the chart's defaults.
+    helm(cluster, "upgrade", RELEASE, str(CHART), "-n", release_ns, "--reset-values")
+    assert not exists(cluster, "servicemonitor", release_ns, "pagoda")
+    assert not exists(cluster, "prometheusrule", release_ns, "pagoda")
+    history = yaml.safe_load(helm(cluster, "history", RELEASE, "-n", release_ns, "-o", "yaml").stdout)
+    assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["status"] == "deployed"
+    assert operator.healthy()
+
+
+def test_uninstall_leaves_nothing_behind_but_the_kept_crd(
+    cluster: Cluster, release_ns: str, operator: Operator, samples: tuple[str, Path]
+) -> None:
+    namespace, _ = samples
+    objects = release_objects(cluster, release_ns)
+    operator.stop()
+    cluster.kubectl("delete", "namespace", namespace, "--timeout=120s", timeout=150)
+    helm(cluster, "uninstall", RELEASE, "-n", release_ns, "--wait")
+    for kind, ns, name in objects:
+        if kind == "CustomResourceDefinition":
+            assert exists(cluster, kind, ns, name), "crds.keep=true must keep the CRD"
+        else:
+            assert not exists(cluster, kind, ns, name), f"{kind} {ns}/{name} left behind"
+    labelled = cluster.kubectl(
+        "get",
+        "all,configmaps,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,"
+        "servicemonitors,prometheusrules,crds",
+        "-A",
+        "-l",
+        f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/part-of=pagoda",
+        "-o",
+        "name",
+    ).stdout.split()
+    assert labelled == [f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"]
+    assert not helm(cluster, "list", "-n", release_ns, "-q").stdout.strip()
+
+
+def test_uninstall_with_keep_off_deletes_the_crd(cluster: Cluster, release_ns: str) -> None:
+    adopt_crd(cluster, RELEASE, release_ns)
+    helm(cluster, "install", RELEASE, str(CHART), "-n", release_ns, "--set", "crds.keep=false")
+    crd = kubectl_json(cluster, "get", "crd", CRD_NAME)
+    assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
+    helm(cluster, "uninstall", RELEASE, "-n", release_ns, "--wait")
+    wait_until(lambda: not exists(cluster, "crd", "", CRD_NAME), "the CRD to be deleted", timeout=60)

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds the local control plane's programs from the Go module in this folder (versions pinned in go.mod)
+# and copies the third-party CRDs out of their own Go modules (versions pinned below).
+#
+#   bash e2e/tools/build.sh OUTDIR      (the Makefile runs: bash e2e/tools/build.sh .pagoda-dev/bin)
+#
+# OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm and
+# crds/*.yaml. Idempotent: OUTDIR/.build-stamp holds a hash of go.mod, go.sum and this script; when it
+# matches and every output exists, nothing is done. Go's module and build caches make a rebuild after a
+# version change incremental.
+set -euo pipefail
+
+KEDA_MODULE=github.com/kedacore/keda/v2
+KEDA_VERSION=v2.21.0
+PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
+PROMOP_VERSION=v0.85.0
+
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
+CRDS=(keda.sh_scaledobjects.yaml monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_prometheusrules.yaml)
+# kwok's own default stages (what kwokctl installs): nodes become Ready and keep a lease, scheduled pods
+# become Running and Ready, deleted pods go away.
+KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
+    pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml)
+
+if [[ $# -ne 1 ]]; then
+    echo "usage: $0 OUTDIR" >&2
+    exit 2
+fi
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+mkdir -p "$1/crds"
+out="$(cd "$1" && pwd)"
+
+stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" | sha1sum | cut -c1-16)"
+current=1
+[[ "$(cat "$out/.build-stamp" 2>/dev/null)" == "$stamp" ]] || current=0
+for f in "${BINARIES[@]}"; do [[ -x "$out/$f" ]] || current=0; done
+for f in "${CRDS[@]}"; do [[ -s "$out/crds/$f" ]] || current=0; done
+[[ -s "$out/kwok-stages.yaml" ]] || current=0
+if [[ $current == 1 ]]; then
+    echo "Tools up to date in $out (stamp $stamp)."
+    exit 0
+fi
+
+cd "$here"
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+# Version stamps that `make` in each project would set; kubectl, kube-apiserver and helm report them (Helm
+# checks a chart's kubeVersion against chartutil's). Taken from go.mod, the single source of the versions.
+k8s_version="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
+helm_version="$(go list -m -f '{{.Version}}' helm.sh/helm/v3)"
+k8s_minor="$(cut -d. -f2 <<<"$k8s_version")"
+k8s_x=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    k8s_x+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor -X $pkg.gitTreeState=clean"
+done
+helm_x="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    helm_x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
+done
+build_flags=(-trimpath)
+total_start=$SECONDS
+step_start=$SECONDS
+step() {
+    local name="$1"
+    shift
+    step_start=$SECONDS
+    echo "==> $name"
+    "$@"
+    echo "    $name took $((SECONDS - step_start))s"
+}
+
+module_dir() {
+    go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+}
+
+copy_crds() {
+    local keda promop
+    keda="$(module_dir "$KEDA_MODULE" "$KEDA_VERSION")"
+    promop="$(module_dir "$PROMOP_MODULE" "$PROMOP_VERSION")"
+    install -m 0644 "$keda/config/crd/bases/keda.sh_scaledobjects.yaml" "$out/crds/"
+    for kind in servicemonitors prometheusrules; do
+        install -m 0644 "$promop/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$out/crds/"
+    done
+}
+
+copy_kwok_stages() {
+    local kwok
+    kwok="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+    for f in "${KWOK_STAGES[@]}"; do
+        echo "---"
+        cat "$kwok/$f"
+    done >"$out/kwok-stages.yaml"
+}
+
+step "download modules" go mod download
+step "build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes)" \
+    go build "${build_flags[@]}" -ldflags="-s -w$k8s_x" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+step "build etcd (go.etcd.io/etcd/server/v3)" go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/etcd" ./cmd/etcd
+step "build kwok (sigs.k8s.io/kwok)" go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/kwok" \
+    sigs.k8s.io/kwok/cmd/kwok
+step "build helm (helm.sh/helm/v3)" go build "${build_flags[@]}" -ldflags="-s -w $helm_x" -o "$out/helm" \
+    helm.sh/helm/v3/cmd/helm
+step "copy kwok's default stages" copy_kwok_stages
+step "copy CRDs (KEDA $KEDA_VERSION, Prometheus Operator $PROMOP_VERSION)" copy_crds
+
+echo "$stamp" >"$out/.build-stamp"
+echo "Built ${BINARIES[*]}, kwok-stages.yaml and ${#CRDS[@]} CRDs into $out in $((SECONDS - total_start))s."

@@ -1,0 +1,70 @@
+"""The InferenceService API (pagoda.dev/v1alpha1): pydantic models, the single source of the CRD schema."""
+
+from __future__ import annotations
+
+from .engine import EngineSpec
+from .errors import describe, error_messages, field_path
+from .model import ModelCache, ModelSource
+from .rules import MSG_NAME
+from .scaling import AutoscalingSpec, KvCacheTrigger
+from .spec import InferenceServiceSpec
+from .status import CONDITION_TYPES, Condition, InferenceServiceStatus
+from .workload import (
+    DisruptionSpec,
+    EnvVar,
+    GpuSpec,
+    MonitoringSpec,
+    ResourcesSpec,
+    RolloutSpec,
+    RuntimeSpec,
+    SchedulingSpec,
+    SecretKeyRef,
+    ServiceMonitorSpec,
+    ServiceSpec,
+    Toleration,
+)
+
+GROUP = "pagoda.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "InferenceService"
+PLURAL = "inferenceservices"
+SINGULAR = "inferenceservice"
+SHORT_NAMES = ["infsvc"]
+CRD_NAME = f"{PLURAL}.{GROUP}"
+
+__all__ = [
+    "API_VERSION",
+    "CONDITION_TYPES",
+    "CRD_NAME",
+    "GROUP",
+    "KIND",
+    "MSG_NAME",
+    "PLURAL",
+    "SHORT_NAMES",
+    "SINGULAR",
+    "VERSION",
+    "describe",
+    "error_messages",
+    "field_path",
+    "AutoscalingSpec",
+    "Condition",
+    "DisruptionSpec",
+    "EngineSpec",
+    "EnvVar",
+    "GpuSpec",
+    "InferenceServiceSpec",
+    "InferenceServiceStatus",
+    "KvCacheTrigger",
+    "ModelCache",
+    "ModelSource",
+    "MonitoringSpec",
+    "ResourcesSpec",
+    "RolloutSpec",
+    "RuntimeSpec",
+    "SchedulingSpec",
+    "SecretKeyRef",
+    "ServiceMonitorSpec",
+    "ServiceSpec",
+    "Toleration",
+]

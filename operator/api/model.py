@@ -1,0 +1,99 @@
+"""spec.model: where the weights come from, the name they are served under, their cache."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from .base import ApiModel, ObjectName, Quantity
+from .rules import (
+    CACHE_RULES,
+    MODEL_RULES,
+    MSG_CACHE,
+    MSG_CACHE_STORAGE_CLASS,
+    MSG_URI,
+    URI_PATTERN,
+    validations,
+)
+
+
+class ModelCache(ApiModel):
+    """Where the runtime keeps downloaded weights (mounted at /var/cache/pagoda)."""
+
+    model_config = ConfigDict(json_schema_extra=validations(CACHE_RULES))
+
+    pvc: ObjectName | None = Field(
+        default=None,
+        description="Name of an existing PersistentVolumeClaim shared by every replica (ReadWriteMany for "
+        "more than one replica). Mutually exclusive with size.",
+    )
+    size: Quantity | None = Field(
+        default=None,
+        description="Size of a per-pod cache volume, e.g. 200Gi. Without storageClass it is an emptyDir "
+        "with this size limit; with storageClass it is a generic ephemeral volume (a PVC per pod).",
+    )
+    storage_class: ObjectName | None = Field(
+        default=None,
+        description="StorageClass of the per-pod ephemeral cache volume; requires size.",
+    )
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> ModelCache:
+        if self.pvc is not None and self.size is not None:
+            raise ValueError(MSG_CACHE)
+        if self.storage_class is not None and self.size is None:
+            raise ValueError(MSG_CACHE_STORAGE_CLASS)
+        return self
+
+
+class ModelSource(ApiModel):
+    """The model to serve."""
+
+    model_config = ConfigDict(json_schema_extra=validations(MODEL_RULES))
+
+    uri: str = Field(
+        max_length=2048,
+        description="Where the weights are: hf://org/name (Hugging Face hub), s3://bucket/path, "
+        "pvc://claim/path (mounted read-only at /mnt/models/<claim>) or file:///path (inside the image).",
+    )
+    served_name: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=253,
+        description="Model name clients send in OpenAI requests (`model`); defaults to the URI.",
+    )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="Hub revision (branch, tag or commit) for hf:// models.",
+    )
+    credentials_secret: ObjectName | None = Field(
+        default=None,
+        description="Name of a Secret in the same namespace whose keys become environment variables of the "
+        "runtime: HF_TOKEN for hf://, AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_ENDPOINT_URL for s3://. "
+        "A reference only: never put a token in the spec.",
+    )
+    cache: ModelCache | None = Field(
+        default=None,
+        description="Model cache volume; an unbounded emptyDir when unset.",
+    )
+
+    @field_validator("uri")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if not re.match(URI_PATTERN, value):
+            raise ValueError(MSG_URI)
+        return value
+
+    @property
+    def scheme(self) -> str:
+        return self.uri.split("://", 1)[0]
+
+    @property
+    def pvc_claim(self) -> str | None:
+        """The claim of a pvc:// URI, or None."""
+        if self.scheme != "pvc":
+            return None
+        return self.uri.removeprefix("pvc://").split("/", 1)[0]

@@ -1,0 +1,110 @@
+"""The cross-field rules of the API, once: CEL for the API server, messages shared with pydantic.
+
+Each rule is enforced twice with the same message: by the API server at admission (CEL in the CRD, see
+crdgen) and by the operator's pydantic models, so an object that got past an older CRD is reported the same.
+"""
+
+from __future__ import annotations
+
+from pydantic import JsonValue
+
+JsonDict = dict[str, JsonValue]
+
+_HF = r"hf://[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?/?"
+_S3 = r"s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9]/.*[^/].*"
+_PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?"
+URI_PATTERN = rf"^({_HF}|{_S3}|{_PVC}|file:///.*)$"
+# Flags the runtime sets itself; vLLM must not get them again through extraArgs.
+OWNED_FLAGS = ("model", "host", "port", "served-model-name", "uds", "api-key")
+OWNED_FLAG_PATTERN = rf"^--({'|'.join(OWNED_FLAGS)})(=.*)?$"
+
+MSG_URI = "spec.model.uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path"
+MSG_CACHE = "spec.model.cache: set either pvc or size, not both"
+MSG_CACHE_STORAGE_CLASS = "spec.model.cache.storageClass requires spec.model.cache.size"
+MSG_EXTRA_ARGS = (
+    "spec.engine.extraArgs must not repeat flags the runtime sets itself (--model, --host, --port, "
+    "--served-model-name, --uds, --api-key): use the spec fields"
+)
+SECRET_ENV_NAMES = (
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "PAGODA_API_KEY",
+)
+MSG_SECRET_ENV = (
+    "spec.runtime.env: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and "
+    "PAGODA_API_KEY must come from a Secret (valueFrom, model.credentialsSecret or runtime.apiKeySecret), "
+    "never a literal value"
+)
+MSG_GPU_MEMORY = "spec.engine.gpuMemoryUtilization must be greater than 0 and at most 1"
+MSG_MIN_MAX = "spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas"
+MSG_KV_TARGET = "spec.autoscaling.kvCacheUsage.targetRatio must be greater than 0 and at most 1"
+MSG_REPLICAS_XOR = "spec.replicas and spec.autoscaling are mutually exclusive: set one of them"
+MSG_TENSOR_PARALLEL = "spec.engine.tensorParallelSize must equal spec.resources.gpu.count (no GPU left idle)"
+MSG_NAME = "metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"
+
+
+def rule(
+    expr: str, message: str, field_path: str | None = None, reason: str = "FieldValueInvalid"
+) -> JsonDict:
+    """One `x-kubernetes-validations` entry."""
+    entry: JsonDict = {"rule": expr, "message": message, "reason": reason}
+    if field_path:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+MODEL_RULES = [rule(f"self.uri.matches('{URI_PATTERN}')", MSG_URI, ".uri")]
+CACHE_RULES = [
+    rule("!(has(self.pvc) && has(self.size))", MSG_CACHE),
+    rule("!has(self.storageClass) || has(self.size)", MSG_CACHE_STORAGE_CLASS, ".storageClass"),
+]
+ENGINE_RULES = [
+    rule(
+        "!has(self.gpuMemoryUtilization)"
+        " || (self.gpuMemoryUtilization > 0.0 && self.gpuMemoryUtilization <= 1.0)",
+        MSG_GPU_MEMORY,
+        ".gpuMemoryUtilization",
+    ),
+    rule(
+        f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
+        MSG_EXTRA_ARGS,
+        ".extraArgs",
+    ),
+]
+AUTOSCALING_RULES = [
+    rule("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas", MSG_MIN_MAX, ".minReplicas")
+]
+KV_TRIGGER_RULES = [
+    rule("self.targetRatio > 0.0 && self.targetRatio <= 1.0", MSG_KV_TARGET, ".targetRatio"),
+]
+SPEC_RULES = [
+    rule("!(has(self.replicas) && has(self.autoscaling))", MSG_REPLICAS_XOR, ".replicas"),
+    rule(
+        "!has(self.engine) || !has(self.engine.tensorParallelSize)"
+        " || self.engine.tensorParallelSize == self.resources.gpu.count",
+        MSG_TENSOR_PARALLEL,
+        ".engine.tensorParallelSize",
+    ),
+]
+
+
+def validations(rules: list[JsonDict]) -> JsonDict:
+    """A model's json_schema_extra carrying its CEL rules."""
+    return {"x-kubernetes-validations": [*rules]}
+
+
+ENV_RULES = [
+    rule(
+        "!has(self.value) || !(self.name in [" + ", ".join(f"'{n}'" for n in SECRET_ENV_NAMES) + "])",
+        MSG_SECRET_ENV,
+        ".value",
+    )
+]
+ROOT_RULES = [
+    rule(
+        "size(self.metadata.name) <= 63 && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')",
+        MSG_NAME,
+    )
+]

@@ -1,0 +1,67 @@
+"""InferenceServiceSpec: the whole spec, and the rules that span its parts."""
+
+from __future__ import annotations
+
+from pydantic import ConfigDict, Field, model_validator
+
+from .base import ApiModel
+from .engine import EngineSpec
+from .model import ModelSource
+from .rules import MSG_REPLICAS_XOR, MSG_TENSOR_PARALLEL, SPEC_RULES, validations
+from .scaling import AutoscalingSpec
+from .workload import (
+    DisruptionSpec,
+    MonitoringSpec,
+    ResourcesSpec,
+    RolloutSpec,
+    RuntimeSpec,
+    SchedulingSpec,
+    ServiceSpec,
+)
+
+
+class InferenceServiceSpec(ApiModel):
+    """An LLM served by the Pagoda runtime (vLLM) behind a Service, scaled on its queue depth."""
+
+    model_config = ConfigDict(json_schema_extra=validations(SPEC_RULES))
+
+    model: ModelSource = Field(description="The model to serve.")
+    engine: EngineSpec = Field(default_factory=EngineSpec, description="vLLM engine settings.")
+    resources: ResourcesSpec = Field(description="Compute resources of one replica.")
+    replicas: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Fixed number of replicas (default 1); mutually exclusive with autoscaling. "
+        "`kubectl scale` sets it.",
+    )
+    autoscaling: AutoscalingSpec | None = Field(
+        default=None,
+        description="Scale on queue depth with KEDA; mutually exclusive with replicas.",
+    )
+    disruption: DisruptionSpec = Field(
+        default_factory=DisruptionSpec, description="PodDisruptionBudget settings."
+    )
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="Rolling update settings.")
+    scheduling: SchedulingSpec = Field(default_factory=SchedulingSpec, description="Pod placement.")
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="The runtime container.")
+    service: ServiceSpec = Field(default_factory=ServiceSpec, description="The Service.")
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Metrics collection.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> InferenceServiceSpec:
+        if self.replicas is not None and self.autoscaling is not None:
+            raise ValueError(MSG_REPLICAS_XOR)
+        tp = self.engine.tensor_parallel_size
+        if tp is not None and tp != self.resources.gpu.count:
+            raise ValueError(MSG_TENSOR_PARALLEL)
+        return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """The effective tensor parallel size (the GPU count when not given)."""
+        return self.engine.tensor_parallel_size or self.resources.gpu.count
+
+    @property
+    def served_name(self) -> str:
+        return self.model.served_name or self.model.uri

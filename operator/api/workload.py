@@ -1,0 +1,205 @@
+"""spec.resources, scheduling, runtime, service, monitoring, disruption and rollout."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from .base import ApiModel, IntOrPercent, ObjectName, Quantity
+from .rules import ENV_RULES, MSG_SECRET_ENV, SECRET_ENV_NAMES, validations
+
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelMap = dict[
+    Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
+]
+
+
+class GpuSpec(ApiModel):
+    """GPUs of one replica."""
+
+    count: int = Field(ge=1, le=64, description="GPUs per replica; must equal engine.tensorParallelSize.")
+    resource_name: str = Field(
+        default="nvidia.com/gpu",
+        min_length=1,
+        max_length=253,
+        description="Extended resource name the device plugin advertises.",
+    )
+    product: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        description="Required GPU model, matched against the node label nvidia.com/gpu.product "
+        "(e.g. NVIDIA-H100-80GB-HBM3).",
+    )
+
+
+class ResourcesSpec(ApiModel):
+    """Compute resources of one replica."""
+
+    gpu: GpuSpec = Field(description="GPUs per replica (requested as limits).")
+    cpu: Quantity | None = Field(default=None, description="CPU request and limit, e.g. 8 or 8000m.")
+    memory: Quantity | None = Field(default=None, description="Memory request and limit, e.g. 64Gi.")
+    shared_memory_size: Quantity | None = Field(
+        default=None,
+        description="Size limit of the in-memory /dev/shm volume (NCCL and tensor parallelism use it); "
+        "counts against memory. Unbounded (up to the pod's memory) when unset.",
+    )
+
+
+class Toleration(ApiModel):
+    """A pod toleration (core/v1 Toleration)."""
+
+    key: str | None = Field(
+        default=None, max_length=317, description="Taint key; empty with Exists matches all."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default)."
+    )
+    value: str | None = Field(default=None, max_length=253, description="Taint value for operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="Taint effect to match; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated before eviction."
+    )
+
+
+class SchedulingSpec(ApiModel):
+    """Where the replicas may run."""
+
+    node_selector: LabelMap = Field(
+        default_factory=dict,
+        max_length=32,
+        description="Node labels the pods require (the GPU product label is added from "
+        "resources.gpu.product).",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Extra tolerations; the nvidia.com/gpu NoSchedule toleration is always added.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="Pod affinity (core/v1 Affinity), copied to the pod template as written.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    priority_class_name: ObjectName | None = Field(default=None, description="PriorityClass of the pods.")
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the same namespace."""
+
+    name: ObjectName = Field(description="Secret name.")
+    key: str = Field(default="api-key", min_length=1, max_length=253, description="Key within the Secret.")
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the runtime container."""
+
+    model_config = ConfigDict(json_schema_extra=validations(ENV_RULES))
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Name."
+    )
+    value: str | None = Field(default=None, max_length=32768, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="Source of the value (core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, "
+        "fieldRef, ...).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+    @model_validator(mode="after")
+    def _no_literal_secret(self) -> EnvVar:
+        if self.value is not None and self.name in SECRET_ENV_NAMES:
+            raise ValueError(MSG_SECRET_ENV)
+        return self
+
+
+class RuntimeSpec(ApiModel):
+    """The Pagoda runtime container."""
+
+    image: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Runtime image; the operator's default (matching its own version) when unset.",
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
+        default=None, description="Image pull policy of the runtime container."
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
+    api_key_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the API key (env PAGODA_API_KEY); /v1/* then requires "
+        "`Authorization: Bearer <key>`.",
+    )
+    drain_timeout_seconds: int = Field(
+        default=120,
+        ge=0,
+        le=3600,
+        description="On shutdown, how long in-flight and queued requests may take to finish "
+        "(--drain-timeout); terminationGracePeriodSeconds covers it.",
+    )
+    startup_timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=86400,
+        description="How long model download and loading may take before the pod is restarted "
+        "(startupProbe).",
+    )
+
+
+class ServiceSpec(ApiModel):
+    """The Service in front of the replicas."""
+
+    port: int = Field(default=8000, ge=1, le=65535, description="Service port (named http).")
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        default="ClusterIP", description="Service type."
+    )
+
+
+class ServiceMonitorSpec(ApiModel):
+    """A Prometheus Operator ServiceMonitor for the runtime's /metrics."""
+
+    enabled: bool = Field(default=False, description="Create a ServiceMonitor (monitoring.coreos.com/v1).")
+    interval: str = Field(
+        default="15s",
+        min_length=1,
+        max_length=32,
+        pattern=r"^(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?$",
+        description="Scrape interval (a Prometheus duration, e.g. 30s or 1m30s).",
+    )
+    labels: LabelMap = Field(
+        default_factory=dict,
+        max_length=16,
+        description="Extra labels on the ServiceMonitor (e.g. to match a Prometheus serviceMonitorSelector).",
+    )
+
+
+class MonitoringSpec(ApiModel):
+    """Metrics collection."""
+
+    service_monitor: ServiceMonitorSpec = Field(
+        default_factory=ServiceMonitorSpec, description="ServiceMonitor settings."
+    )
+
+
+class DisruptionSpec(ApiModel):
+    """The PodDisruptionBudget."""
+
+    max_unavailable: IntOrPercent = Field(
+        default=1, description="Replicas a voluntary disruption (drain, eviction) may take down at once."
+    )
+
+
+class RolloutSpec(ApiModel):
+    """The Deployment's rolling update."""
+
+    max_surge: IntOrPercent = Field(
+        default=1, description="Extra replicas during a rollout (each needs its GPUs; 0 to roll in place)."
+    )
+    max_unavailable: IntOrPercent = Field(
+        default=0, description="Replicas that may be unavailable during a rollout."
+    )

@@ -1,0 +1,105 @@
+"""kopf registration only: every watch event turns into "reconcile this InferenceService" on the queue.
+
+The InferenceService itself and every child kind (labelled managed-by pagoda-operator) are watched with
+`kopf.on.event`, which keeps no state on the objects: no finalizer, no last-handled annotation, nothing
+written back by kopf. A child's event queues its owner, so a deleted or hand-edited child is restored and
+status follows the Deployment's readiness.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from pagoda.operator.api import GROUP, PLURAL, VERSION
+from pagoda.operator.reconcile.cache import ObjectCache
+from pagoda.operator.reconcile.workqueue import WorkQueue
+from pagoda.operator.resources import CHILD_KINDS
+
+MANAGED_BY = {"app.kubernetes.io/managed-by": "pagoda-operator"}
+OWNER_LABEL = "pagoda.dev/inferenceservice"
+
+
+def configure(settings: kopf.OperatorSettings, watch_timeout: int) -> None:
+    """kopf settings that keep it from writing to user objects or posting its own Events."""
+    settings.posting.enabled = False  # we record our own Events, only for real changes
+    settings.peering.standalone = True
+    settings.watching.server_timeout = watch_timeout
+    settings.watching.client_timeout = watch_timeout + 30
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    # Unused while only event handlers are registered; set so that nothing would land in annotations.
+    settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="pagoda.dev")
+
+
+def connection_info(config: Any) -> kopf.ConnectionInfo:
+    """kopf's credentials from the kubernetes client's loaded Configuration (the same kubeconfig/in-cluster
+    identity the reconciler uses)."""
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (
+        (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    )
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        username=config.username or None,
+        password=config.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
+
+
+def build_registry(
+    queue: WorkQueue, cache: ObjectCache, client_config: Any, watch_timeout: int = 600
+) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure(settings, watch_timeout)
+
+    @kopf.on.login(registry=registry)
+    async def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(client_config)
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def owner_event(
+        type: str, event: kopf.RawEvent, name: str, namespace: str | None, **_: Any
+    ) -> None:
+        cache.observe(dict(event["object"]), deleted=type == "DELETED")
+        if type != "DELETED" and namespace:
+            queue.add((namespace, name))
+
+    async def child_event(
+        type: str,
+        event: kopf.RawEvent,
+        labels: kopf.Labels,
+        namespace: str | None,
+        param: Any = None,
+        **_: Any,
+    ) -> None:
+        api_version, kind = param
+        cache.observe(dict(event["object"]), api_version=api_version, kind=kind, deleted=type == "DELETED")
+        owner = labels.get(OWNER_LABEL)
+        if owner and namespace:
+            queue.add((namespace, owner))
+
+    for api_version, kind, plural in CHILD_KINDS:
+        kopf.on.event(
+            api_version,
+            plural,
+            labels=MANAGED_BY,
+            registry=registry,
+            id=f"child-{plural}",
+            param=(api_version, kind),
+        )(child_event)
+
+    logging.getLogger("kopf").setLevel(logging.WARNING)
+    return registry

@@ -1,0 +1,156 @@
+"""`pagoda-operator`: the kopf watches, the reconcile workers, the periodic resync, /healthz and /metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import kopf
+from kubernetes import client, config
+
+from pagoda.operator import metrics
+from pagoda.operator.api import API_VERSION, KIND, PLURAL
+from pagoda.operator.handlers import MANAGED_BY, build_registry
+from pagoda.operator.reconcile.cache import ObjectCache
+from pagoda.operator.reconcile.core import reconcile
+from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.reconcile.workqueue import WorkQueue, work
+from pagoda.operator.resources import CHILD_KINDS
+
+log = logging.getLogger("pagoda.operator")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="pagoda-operator", description="Reconciles pagoda.dev InferenceServices."
+    )
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then $KUBECONFIG)")
+    parser.add_argument("--namespace", help="watch only this namespace (default: all namespaces)")
+    parser.add_argument("--metrics-port", type=int, default=8080, help="port of /healthz and /metrics")
+    parser.add_argument("--metrics-host", default="0.0.0.0", help="address of /healthz and /metrics")
+    parser.add_argument("--workers", type=int, default=8, help="InferenceServices reconciled in parallel")
+    parser.add_argument(
+        "--resync-seconds", type=float, default=300.0, help="re-check every InferenceService this often"
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    args = parser.parse_args(argv)
+    if not 0 < args.metrics_port < 65536:
+        parser.error(f"--metrics-port: {args.metrics_port} is not a TCP port (1-65535)")
+    if args.workers < 1:
+        parser.error(f"--workers: must be at least 1, got {args.workers}")
+    if args.resync_seconds <= 0:
+        parser.error(f"--resync-seconds: must be positive, got {args.resync_seconds}")
+    if args.kubeconfig and not os.path.isfile(args.kubeconfig):
+        parser.error(f"--kubeconfig: no such file: {args.kubeconfig}")
+    return args
+
+
+def api_client(kubeconfig: str | None, pool_size: int) -> client.ApiClient:
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=kubeconfig, client_configuration=configuration
+        )
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def refresh(kube: Kube, cache: ObjectCache, namespace: str | None) -> list[dict[str, object]]:
+    """List InferenceServices and every child kind into the cache (one call per kind); returns the owners."""
+    selector = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
+    for api_version, kind, plural in CHILD_KINDS:
+        try:
+            cache.replace(api_version, kind, kube.list(api_version, plural, namespace, selector))
+        except KubeError as exc:
+            if exc.status != 404:  # 404: that API (e.g. KEDA) is not installed
+                raise
+    owners = kube.list(API_VERSION, PLURAL, namespace)
+    cache.replace(API_VERSION, KIND, owners)
+    return list(owners)
+
+
+async def resync(
+    kube: Kube, cache: ObjectCache, queue: WorkQueue, namespace: str | None, every: float
+) -> None:
+    """Periodically refresh the cache and queue every InferenceService: catches what no watch reports
+    (a Secret created later) and anything a watch missed."""
+    while True:
+        await asyncio.sleep(every)
+        try:
+            owners = await asyncio.to_thread(refresh, kube, cache, namespace)
+        except Exception as exc:
+            log.warning("Failed to list objects for resync error=%r", str(exc))
+            continue
+        for item in owners:
+            meta = item["metadata"]
+            assert isinstance(meta, dict)
+            queue.add((meta["namespace"], meta["name"]))
+        log.info("Queued resync count=%d", len(owners))
+
+
+async def run(args: argparse.Namespace) -> None:
+    api = api_client(args.kubeconfig, args.workers + 2)
+    kube = Kube(api)
+    queue = WorkQueue()
+    cache = ObjectCache(KIND)
+    # Prime the cache before any pass runs, so a restart never mistakes "not seen yet" for "missing".
+    for item in await asyncio.to_thread(refresh, kube, cache, args.namespace):
+        queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))  # type: ignore[index]
+    executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
+    job = functools.partial(reconcile, kube, cache=cache)
+    tasks = [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
+    tasks.append(asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds)))
+    operator_task = asyncio.create_task(
+        kopf.operator(
+            registry=build_registry(queue, cache, api.configuration),
+            clusterwide=args.namespace is None,
+            namespaces=[args.namespace] if args.namespace else [],
+            standalone=True,
+        )
+    )
+
+    def healthy() -> bool:
+        return not operator_task.done() and not any(task.done() for task in tasks)
+
+    runner = await metrics.serve(args.metrics_host, args.metrics_port, healthy)
+    log.info(
+        "Started operator namespace=%s workers=%d metrics_port=%d",
+        args.namespace or "*",
+        args.workers,
+        args.metrics_port,
+    )
+    try:
+        await operator_task
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await runner.cleanup()
+        executor.shutdown(wait=False, cancel_futures=True)
+        log.info("Stopped operator")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
+    )
+    asyncio.run(run(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The operator's Prometheus metrics and its /healthz + /metrics HTTP endpoint (one port)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+
+log = logging.getLogger("pagoda.operator.metrics")
+
+RECONCILES = Counter(
+    "pagoda_operator_reconciles",
+    "Reconcile passes of InferenceServices, by result (applied, unchanged, error).",
+    ["result"],
+)
+RECONCILE_DURATION = Histogram(
+    "pagoda_operator_reconcile_duration_seconds",
+    "Wall time of one reconcile pass of one InferenceService.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+API_WRITES = Counter(
+    "pagoda_operator_api_writes",
+    "Writes the operator sent to the Kubernetes API, by object kind and verb.",
+    ["kind", "verb"],
+)
+RECONCILE_ERRORS = Counter(
+    "pagoda_operator_reconcile_errors",
+    "Reconcile passes that could not fully act on an InferenceService, by reason.",
+    ["reason"],
+)
+
+# Results are pre-created so that a scrape shows every series at 0 from the start.
+for _result in ("applied", "unchanged", "error"):
+    RECONCILES.labels(result=_result)
+
+
+async def serve(host: str, port: int, healthy: Callable[[], bool]) -> web.AppRunner:
+    """Start serving /healthz (200 while `healthy()`, else 503) and /metrics; returns the runner to stop."""
+
+    async def healthz(_request: web.Request) -> web.Response:
+        if healthy():
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="unhealthy\n")
+
+    async def prometheus(_request: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(REGISTRY))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/metrics", prometheus)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    log.info("Started metrics endpoint host=%s port=%d", host, port)
+    return runner

@@ -1,0 +1,93 @@
+"""Pure-ish translation of failures into `Problem`s a person can act on (the Degraded condition)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.reconcile.status import Problem
+
+Obj = dict[str, Any]
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    path = "spec"
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return path
+
+
+def invalid_spec(exc: ValidationError) -> Problem:
+    """Every validation error with the field it concerns, e.g. `spec.engine.dtype: Input should be ...`."""
+    parts = [f"{field_path(err['loc'])}: {err['msg']}" for err in exc.errors(include_url=False)]
+    return Problem("InvalidSpec", "The spec is invalid, fix it: " + "; ".join(parts), retry=False)
+
+
+def secret_names(manifests: list[Obj]) -> list[str]:
+    """Names of the Secrets the pod template needs (non-optional references), in first-seen order."""
+    names: list[str] = []
+
+    def add(name: Any, optional: Any) -> None:
+        if isinstance(name, str) and name and not optional and name not in names:
+            names.append(name)
+
+    for manifest in manifests:
+        if manifest.get("kind") != "Deployment":
+            continue
+        pod = manifest.get("spec", {}).get("template", {}).get("spec", {})
+        for container in (pod.get("containers") or []) + (pod.get("initContainers") or []):
+            for env in container.get("env") or []:
+                ref = (env.get("valueFrom") or {}).get("secretKeyRef")
+                if ref:
+                    add(ref.get("name"), ref.get("optional"))
+            for source in container.get("envFrom") or []:
+                ref = source.get("secretRef")
+                if ref:
+                    add(ref.get("name"), ref.get("optional"))
+        for volume in pod.get("volumes") or []:
+            ref = volume.get("secret")
+            if ref:
+                add(ref.get("secretName"), ref.get("optional"))
+    return names
+
+
+def missing_secrets(kube: Kube, namespace: str, manifests: list[Obj]) -> list[Problem]:
+    missing = []
+    for name in secret_names(manifests):
+        try:
+            found = kube.get_metadata("v1", "secrets", namespace, name)
+        except KubeError as exc:
+            if exc.status == 403:
+                continue  # not allowed to look: the pods will report it
+            raise
+        if found is None:
+            missing.append(name)
+    if not missing:
+        return []
+    listed = ", ".join(missing)
+    return [
+        Problem(
+            "SecretNotFound",
+            f"Secret(s) {listed} referenced by the spec do not exist in namespace {namespace}: "
+            "create them or fix the secret reference in the spec",
+        )
+    ]
+
+
+def apply_problem(manifest: Obj, exc: KubeError) -> Problem:
+    kind = manifest["kind"]
+    api_version = manifest["apiVersion"]
+    if exc.status == 404:
+        return Problem(
+            "ApiNotInstalled",
+            f"The API server has no {kind} ({api_version}): install its CRD "
+            "(e.g. KEDA for ScaledObject, the Prometheus Operator for ServiceMonitor) "
+            "or turn the feature off",
+        )
+    if exc.status in (400, 422):
+        return Problem("ApplyRejected", f"The API server rejected the {kind}: {exc.message}", retry=False)
+    if exc.status == 403:
+        return Problem("Forbidden", f"The operator may not apply {kind} objects (RBAC): {exc.message}")
+    return Problem("ApplyFailed", f"Applying the {kind} failed: {exc}")

@@ -1,0 +1,172 @@
+"""Pure functions: the InferenceService status (conditions Ready, Progressing, Degraded) from what was seen.
+
+No I/O. `compute_status` takes the owner, the live Deployment (or None) and the problems found during the
+pass, and returns the complete status. A condition keeps its lastTransitionTime unless its status flips.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+Obj = dict[str, Any]
+CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something that keeps the operator from acting on an object; `reason` is CamelCase, `message` says
+    what a person should do."""
+
+    reason: str
+    message: str
+    retry: bool = True  # worth retrying later without a change to the InferenceService
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
+def compute_status(
+    owner: Obj,
+    deployment: Obj | None,
+    problems: list[Problem],
+    *,
+    selector: str,
+    url: str | None,
+    now: str,
+) -> Obj:
+    """The whole status of `owner` for this pass; `now` is an RFC 3339 timestamp."""
+    generation = int(owner.get("metadata", {}).get("generation", 0))
+    previous = {c.get("type"): c for c in (owner.get("status") or {}).get("conditions") or []}
+    st = (deployment or {}).get("status") or {}
+    want = desired_replicas(deployment) if deployment is not None else 0
+    conditions = [
+        ready_condition(deployment, problems),
+        progressing_condition(deployment, problems),
+        degraded_condition(deployment, problems),
+    ]
+    status: Obj = {
+        "observedGeneration": generation,
+        "conditions": [to_dict(c, previous.get(c.type), generation, now) for c in conditions],
+        "replicas": int(st.get("replicas") or 0),
+        "readyReplicas": int(st.get("readyReplicas") or 0),
+        "readySummary": f"{int(st.get('readyReplicas') or 0)}/{want}",
+        "selector": selector,
+    }
+    if url:
+        status["url"] = url
+    return status
+
+
+def to_dict(condition: Condition, previous: Obj | None, generation: int, now: str) -> Obj:
+    value = "True" if condition.status else "False"
+    kept = previous.get("lastTransitionTime") if previous and previous.get("status") == value else None
+    return {
+        "type": condition.type,
+        "status": value,
+        "reason": condition.reason,
+        "message": condition.message,
+        "observedGeneration": generation,
+        "lastTransitionTime": kept or now,
+    }
+
+
+def desired_replicas(deployment: Obj) -> int:
+    replicas = (deployment.get("spec") or {}).get("replicas")
+    return 1 if replicas is None else int(replicas)
+
+
+def rollout_done(deployment: Obj) -> bool:
+    """The Deployment controller has seen the latest spec and every replica runs it and is available."""
+    st = deployment.get("status") or {}
+    want = desired_replicas(deployment)
+    seen = int(st.get("observedGeneration") or 0) >= int(deployment.get("metadata", {}).get("generation", 0))
+    updated = int(st.get("updatedReplicas") or 0)
+    total = int(st.get("replicas") or 0)
+    available = int(st.get("availableReplicas") or 0)
+    return seen and updated >= want and total <= updated and available >= want
+
+
+def _deployment_condition(deployment: Obj | None, type_: str) -> Obj | None:
+    for cond in ((deployment or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == type_:
+            return dict(cond)
+    return None
+
+
+def ready_condition(deployment: Obj | None, problems: list[Problem]) -> Condition:
+    if deployment is None:
+        if problems:
+            return Condition("Ready", False, problems[0].reason, problems[0].message)
+        return Condition("Ready", False, "DeploymentMissing", "The Deployment has not been created yet")
+    want = desired_replicas(deployment)
+    ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
+    if want == 0:
+        return Condition("Ready", False, "ScaledToZero", "The Deployment is scaled to 0 replicas")
+    if ready >= want:
+        return Condition("Ready", True, "ReplicasReady", f"{ready}/{want} replicas are ready")
+    return Condition("Ready", False, "ReplicasNotReady", f"{ready}/{want} replicas are ready")
+
+
+def progressing_condition(deployment: Obj | None, problems: list[Problem]) -> Condition:
+    stuck = _deployment_condition(deployment, "Progressing")
+    if stuck and stuck.get("status") == "False":
+        return Condition(
+            "Progressing", False, str(stuck.get("reason") or "RolloutStuck"), str(stuck.get("message") or "")
+        )
+    if deployment is None:
+        if problems:
+            return Condition("Progressing", False, problems[0].reason, problems[0].message)
+        return Condition("Progressing", True, "Creating", "Creating the Deployment")
+    if rollout_done(deployment):
+        return Condition("Progressing", False, "RolloutComplete", "Every replica runs the latest spec")
+    st = deployment.get("status") or {}
+    want = desired_replicas(deployment)
+    return Condition(
+        "Progressing",
+        True,
+        "RollingOut",
+        f"{int(st.get('updatedReplicas') or 0)}/{want} replicas updated, "
+        f"{int(st.get('availableReplicas') or 0)}/{want} available",
+    )
+
+
+def degraded_condition(deployment: Obj | None, problems: list[Problem]) -> Condition:
+    if problems:
+        reason = problems[0].reason
+        return Condition("Degraded", True, reason, "; ".join(p.message for p in problems))
+    failure = _deployment_condition(deployment, "ReplicaFailure")
+    if failure and failure.get("status") == "True":
+        return Condition(
+            "Degraded",
+            True,
+            str(failure.get("reason") or "ReplicaFailure"),
+            str(failure.get("message") or ""),
+        )
+    stuck = _deployment_condition(deployment, "Progressing")
+    if stuck and stuck.get("status") == "False":
+        return Condition(
+            "Degraded",
+            True,
+            "RolloutStuck",
+            f"The Deployment's rollout exceeded its progress deadline: {stuck.get('message', '')}",
+        )
+    return Condition("Degraded", False, "Reconciled", "Every child object matches the spec")
+
+
+def status_changed(live: Obj | None, new: Obj) -> bool:
+    """True when writing `new` would change the fields of the status that we own."""
+    live = live or {}
+    return any(live.get(key) != value for key, value in new.items()) or ("url" in live and "url" not in new)
+
+
+def degraded_now(status: Obj) -> Condition | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Degraded" and cond.get("status") == "True":
+            return Condition("Degraded", True, str(cond.get("reason")), str(cond.get("message")))
+    return None

@@ -1,0 +1,55 @@
+"""Pure builders: InferenceServiceSpec in, child manifests out (no I/O). One module per kind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagoda.operator.api import InferenceServiceSpec
+
+from .deployment import deployment
+from .meta import labels, selector, selector_string, service_url
+from .pdb import pod_disruption_budget
+from .pod import DEFAULT_RUNTIME_IMAGE
+from .scaledobject import scaled_object
+from .service import service
+from .servicemonitor import service_monitor
+
+# (apiVersion, kind, plural) of every kind that can be a child of an InferenceService.
+CHILD_KINDS: list[tuple[str, str, str]] = [
+    ("apps/v1", "Deployment", "deployments"),
+    ("v1", "Service", "services"),
+    ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
+    ("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
+]
+
+
+def desired_children(
+    name: str, namespace: str, spec: InferenceServiceSpec, default_image: str = DEFAULT_RUNTIME_IMAGE
+) -> list[dict[str, Any]]:
+    """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
+
+    The ScaledObject only when autoscaling is set, the ServiceMonitor only when enabled; a kind in
+    CHILD_KINDS that is missing here is one the controller should delete.
+    """
+    children = [
+        deployment(name, namespace, spec, default_image),
+        service(name, namespace, spec),
+        pod_disruption_budget(name, namespace, spec),
+    ]
+    if spec.autoscaling is not None:
+        children.append(scaled_object(name, namespace, spec.autoscaling))
+    if spec.monitoring.service_monitor.enabled:
+        children.append(service_monitor(name, namespace, spec.monitoring.service_monitor))
+    return children
+
+
+__all__ = [
+    "CHILD_KINDS",
+    "DEFAULT_RUNTIME_IMAGE",
+    "desired_children",
+    "labels",
+    "selector",
+    "selector_string",
+    "service_url",
+]

@@ -1,0 +1,39 @@
+"""The runtime container's command line, built from the engine fields (runtime CLI contract)."""
+
+from __future__ import annotations
+
+from pagoda.operator.api import InferenceServiceSpec
+
+from .meta import CACHE_DIR, HTTP_PORT
+
+COMMAND = ["pagoda-runtime"]
+
+
+def runtime_args(spec: InferenceServiceSpec) -> list[str]:
+    """`serve ...` arguments for `pagoda-runtime`; extraArgs go after `--` verbatim."""
+    engine = spec.engine
+    args = ["serve", "--model", spec.model.uri]
+    if spec.model.served_name:
+        args += ["--served-model-name", spec.model.served_name]
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    args += ["--host", "0.0.0.0", "--port", str(HTTP_PORT), "--dtype", engine.dtype]
+    if engine.quantization != "none":
+        args += ["--quantization", engine.quantization]
+    args += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
+    if engine.max_model_len is not None:
+        args += ["--max-model-len", str(engine.max_model_len)]
+    args += ["--gpu-memory-utilization", _float(engine.gpu_memory_utilization)]
+    args += ["--block-size", str(engine.block_size)]
+    args.append("--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching")
+    if engine.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    args += ["--drain-timeout", str(spec.runtime.drain_timeout_seconds), "--cache-dir", CACHE_DIR]
+    if engine.extra_args:
+        args += ["--", *engine.extra_args]
+    return args
+
+
+def _float(value: float) -> str:
+    """Shortest exact text for a float (0.9, not 0.9000000000000001)."""
+    return repr(float(value))

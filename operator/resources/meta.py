@@ -1,0 +1,43 @@
+"""Labels, selectors and object metadata shared by every child of an InferenceService."""
+
+from __future__ import annotations
+
+from typing import Any
+
+APP_NAME = "pagoda-runtime"
+MANAGED_BY = "pagoda-operator"
+OWNER_LABEL = "pagoda.dev/inferenceservice"
+CONTAINER_NAME = "runtime"
+HTTP_PORT = 8000
+PORT_NAME = "http"
+CACHE_DIR = "/var/cache/pagoda"
+MODELS_DIR = "/mnt/models"
+
+
+def labels(name: str) -> dict[str, str]:
+    """Labels on every child (and the pod template) of InferenceService `name`."""
+    return {
+        "app.kubernetes.io/name": APP_NAME,
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        OWNER_LABEL: name,
+    }
+
+
+def selector(name: str) -> dict[str, str]:
+    """matchLabels of the Deployment, Service and PDB: nothing version-dependent, never changes."""
+    return {"app.kubernetes.io/name": APP_NAME, OWNER_LABEL: name}
+
+
+def selector_string(name: str) -> str:
+    """The selector as a label-selector string (status.selector, for the scale subresource)."""
+    return ",".join(f"{key}={value}" for key, value in selector(name).items())
+
+
+def metadata(name: str, namespace: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels(name)}
+
+
+def service_url(name: str, namespace: str, port: int) -> str:
+    """In-cluster URL of the service's OpenAI API (status.url)."""
+    return f"http://{name}.{namespace}.svc:{port}"

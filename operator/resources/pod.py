@@ -1,0 +1,162 @@
+"""The pod template: the runtime container, its probes, volumes, security and placement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagoda.operator.api import InferenceServiceSpec
+
+from .args import COMMAND, runtime_args
+from .meta import CACHE_DIR, CONTAINER_NAME, HTTP_PORT, MODELS_DIR, PORT_NAME, labels
+from .quantity import canonical
+
+DEFAULT_RUNTIME_IMAGE = "pagoda/runtime:0.1.0"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod before SIGTERM arrives
+GRACE_MARGIN_SECONDS = 15  # engine shutdown after the drain
+RUN_AS_USER = 1000
+STARTUP_PERIOD_SECONDS = 10
+
+
+def pod_template(name: str, spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
+    pod: dict[str, Any] = {
+        "enableServiceLinks": False,  # a Service named vllm would inject VLLM_PORT, which vLLM misreads
+        "terminationGracePeriodSeconds": termination_grace_seconds(spec),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container(spec, default_image)],
+        "volumes": volumes(name, spec),
+        "tolerations": tolerations(spec),
+    }
+    node_selector = dict(spec.scheduling.node_selector)
+    if spec.resources.gpu.product:
+        node_selector[GPU_PRODUCT_LABEL] = spec.resources.gpu.product
+    if node_selector:
+        pod["nodeSelector"] = node_selector
+    if spec.scheduling.affinity:
+        pod["affinity"] = spec.scheduling.affinity
+    if spec.scheduling.priority_class_name:
+        pod["priorityClassName"] = spec.scheduling.priority_class_name
+    return {"metadata": {"labels": labels(name)}, "spec": pod}
+
+
+def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
+    """preStop sleep + the runtime's drain + a margin for the engine to shut down."""
+    return PRESTOP_SLEEP_SECONDS + spec.runtime.drain_timeout_seconds + GRACE_MARGIN_SECONDS
+
+
+def container(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
+    runtime = spec.runtime
+    result: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": runtime.image or default_image,
+        "command": list(COMMAND),
+        "args": runtime_args(spec),
+        "ports": [{"name": PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "resources": resources(spec),
+        "startupProbe": _probe("/readyz", STARTUP_PERIOD_SECONDS, _startup_failures(spec), 5),
+        "livenessProbe": _probe("/livez", 10, 3, 5),
+        "readinessProbe": _probe("/readyz", 5, 2, 3),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": volume_mounts(spec),
+    }
+    if runtime.image_pull_policy:
+        result["imagePullPolicy"] = runtime.image_pull_policy
+    env = [var.model_dump(by_alias=True, exclude_none=True) for var in runtime.env]
+    if runtime.api_key_secret:
+        ref = runtime.api_key_secret
+        env.append(
+            {"name": "PAGODA_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        )
+    if env:
+        result["env"] = env
+    if spec.model.credentials_secret:
+        result["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
+    return result
+
+
+def _startup_failures(spec: InferenceServiceSpec) -> int:
+    return -(-spec.runtime.startup_timeout_seconds // STARTUP_PERIOD_SECONDS)
+
+
+def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": PORT_NAME, "scheme": "HTTP"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": timeout,
+        "successThreshold": 1,
+    }
+
+
+def resources(spec: InferenceServiceSpec) -> dict[str, Any]:
+    """Requests equal limits (GPUs cannot be overcommitted; no defaulting diff on the template)."""
+    wanted = {spec.resources.gpu.resource_name: str(spec.resources.gpu.count)}
+    if spec.resources.cpu is not None:
+        wanted["cpu"] = canonical(spec.resources.cpu)
+    if spec.resources.memory is not None:
+        wanted["memory"] = canonical(spec.resources.memory)
+    return {"limits": dict(wanted), "requests": dict(wanted)}
+
+
+def tolerations(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    gpu = {"key": spec.resources.gpu.resource_name, "operator": "Exists", "effect": "NoSchedule"}
+    result = [gpu]
+    for toleration in spec.scheduling.tolerations:
+        item = toleration.model_dump(by_alias=True, exclude_none=True)
+        if item != gpu:
+            result.append(item)
+    return result
+
+
+def volume_mounts(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "model-cache", "mountPath": CACHE_DIR},
+    ]
+    claim = spec.model.pvc_claim
+    if claim:
+        mounts.append({"name": "model-source", "mountPath": f"{MODELS_DIR}/{claim}", "readOnly": True})
+    return mounts
+
+
+def volumes(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    shm: dict[str, Any] = {"medium": "Memory"}
+    if spec.resources.shared_memory_size is not None:
+        shm["sizeLimit"] = canonical(spec.resources.shared_memory_size)
+    result: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": shm}, _cache_volume(name, spec)]
+    claim = spec.model.pvc_claim
+    if claim:
+        result.append(
+            {"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+    return result
+
+
+def _cache_volume(name: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    cache = spec.model.cache
+    if cache is not None and cache.pvc:
+        return {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.pvc}}
+    if cache is not None and cache.size is not None and cache.storage_class:
+        claim_spec = {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": cache.storage_class,
+            "resources": {"requests": {"storage": canonical(cache.size)}},
+        }
+        template = {"metadata": {"labels": labels(name)}, "spec": claim_spec}
+        return {"name": "model-cache", "ephemeral": {"volumeClaimTemplate": template}}
+    empty: dict[str, Any] = {}
+    if cache is not None and cache.size is not None:
+        empty["sizeLimit"] = canonical(cache.size)
+    return {"name": "model-cache", "emptyDir": empty}

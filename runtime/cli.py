@@ -1,0 +1,77 @@
+"""`pagoda-runtime`: `serve` (the runtime) and `make-tiny-model` (the test model)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from pagoda.runtime.config import ConfigError, add_serve_flags, config_from_args
+
+log = logging.getLogger("pagoda.runtime")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagoda-runtime", description="Pagoda's serving layer over vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="serve a model (OpenAI API, /livez, /readyz, /metrics)",
+        epilog="Arguments after `--` go to vLLM's own engine argument parser verbatim.",
+    )
+    add_serve_flags(serve)
+    tiny = sub.add_parser("make-tiny-model", help="write a tiny random-weight Llama (nothing downloaded)")
+    tiny.add_argument("directory")
+    tiny.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def _setup_logging() -> None:
+    """Pagoda's loggers get their own handler: vLLM's dependencies change the root logger's level."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    root = logging.getLogger("pagoda")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+    try:
+        config = config_from_args(ns, extra)
+    except ConfigError as exc:
+        parser.exit(2, f"pagoda-runtime serve: error: {exc}\n")
+
+    import uvloop
+
+    from pagoda.runtime import engine, lifecycle
+
+    engine.apply_env_defaults()
+    vllm_args = engine.parse_vllm_args(config, model_path=config.model)
+    log.info("Starting runtime model=%s name=%s port=%d", config.model, config.name, config.port)
+    runtime = lifecycle.Runtime(config, vllm_args)
+    code: int = uvloop.run(runtime.run())
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, extra = argv[:cut], argv[cut + 1 :]
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    _setup_logging()
+    if ns.command == "make-tiny-model":
+        if extra:
+            parser.error("make-tiny-model takes no arguments after --")
+        from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model
+
+        make_tiny_model(ns.directory, TinyModelSpec(seed=ns.seed))
+        return 0
+    return _serve(ns, extra, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The runtime's configuration: `pagoda-runtime serve` flags, validated with pydantic.
+
+Each field maps to one flag (`max_model_len` <-> `--max-model-len`); a validation error names the flag and
+the process exits with status 2, like argparse does for a flag it cannot parse.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pagoda.runtime.sources import ModelSourceError, parse_model_uri
+
+# Flags Pagoda owns: they may not be passed again after `--` to vLLM's own parser.
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+OWNED_VLLM_FLAGS = ("--model", "--host", "--port", "--served-model-name", "--uds", "--api-key")
+
+
+class ConfigError(ValueError):
+    """A flag has an invalid value; the message names the flag."""
+
+
+def flag_name(field: str) -> str:
+    return "--" + field.replace("_", "-")
+
+
+class ServeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1)
+    served_model_name: str | None = Field(default=None, min_length=1, max_length=256)
+    revision: str | None = Field(default=None, min_length=1)
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=1, le=65535)
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
+    quantization: Literal["awq", "gptq", "fp8"] | None = None
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64)
+    max_model_len: int | None = Field(default=None, ge=16, le=10_000_000)
+    gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
+    block_size: int | None = None
+    enable_prefix_caching: bool | None = None
+    max_num_seqs: int | None = Field(default=None, ge=1, le=65_536)
+    drain_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)
+    cache_dir: str = "/var/cache/pagoda"
+    extra_args: tuple[str, ...] = ()
+
+    @field_validator("model")
+    @classmethod
+    def _model_uri(cls, value: str) -> str:
+        try:
+            parse_model_uri(value)
+        except ModelSourceError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
+
+    @field_validator("block_size")
+    @classmethod
+    def _block_size(cls, value: int | None) -> int | None:
+        if value is not None and value not in BLOCK_SIZES:
+            raise ValueError(f"must be one of {', '.join(map(str, BLOCK_SIZES))}")
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_owned_flags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for arg in value:
+            name = arg.split("=", 1)[0]
+            if name in OWNED_VLLM_FLAGS:
+                raise ValueError(f"{name} is set by pagoda-runtime itself; use its own flag instead")
+        return value
+
+    @property
+    def name(self) -> str:
+        """The model name clients use: --served-model-name, else the last part of the model URI."""
+        return self.served_model_name or parse_model_uri(self.model).default_name
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """Flags are parsed as strings here; pydantic does every type and range check."""
+    parser.add_argument("--model", required=True, help="model URI: file://, pvc://, hf:// or s3://")
+    parser.add_argument("--served-model-name", help="name clients use (default: last part of the URI)")
+    parser.add_argument("--revision", help="hub revision (branch, tag or commit) for hf:// models")
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", default="8000")
+    parser.add_argument("--dtype", default="auto", help="auto|float16|bfloat16|float32")
+    parser.add_argument("--quantization", help="awq|gptq|fp8")
+    parser.add_argument("--tensor-parallel-size", default="1")
+    parser.add_argument("--max-model-len")
+    parser.add_argument("--gpu-memory-utilization", default="0.9")
+    parser.add_argument("--block-size")
+    prefix = parser.add_mutually_exclusive_group()
+    prefix.add_argument(
+        "--enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=True
+    )
+    prefix.add_argument(
+        "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False
+    )
+    parser.add_argument("--max-num-seqs")
+    parser.add_argument("--drain-timeout", default="30", help="seconds to finish requests after SIGTERM")
+    parser.add_argument("--cache-dir", default="/var/cache/pagoda", help="where hf:// and s3:// models go")
+
+
+def config_from_args(ns: argparse.Namespace, extra_args: list[str]) -> ServeConfig:
+    values = {k: v for k, v in vars(ns).items() if k in ServeConfig.model_fields and v is not None}
+    values["extra_args"] = tuple(extra_args)
+    try:
+        return ServeConfig.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = str(err["loc"][0]) if err["loc"] else "?"
+            flag = "arguments after --" if field == "extra_args" else flag_name(field)
+            given = values.get(field)
+            problems.append(f"{flag}: {err['msg']} (got {given!r})")
+        raise ConfigError("; ".join(problems)) from None

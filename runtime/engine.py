@@ -1,0 +1,138 @@
+"""The vLLM engine: arguments, construction off the event loop, vLLM's app, shutdown.
+
+vLLM's public pieces do the work: its own argument parser (`make_arg_parser`), `AsyncEngineArgs`,
+`AsyncLLM.from_vllm_config` (what `build_async_engine_client_from_engine_args` calls), `build_app` and
+`init_app_state`. The one difference from `vllm serve`: the blocking engine construction runs in a
+daemon thread, so the HTTP server (and /livez) answers while the model loads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from typing import Any, TypeVar
+
+from pagoda.runtime.config import ServeConfig
+
+log = logging.getLogger("pagoda.runtime.engine")
+T = TypeVar("T")
+
+
+def cpu_kv_cache_default_gib(total_bytes: int) -> int:
+    """An eighth of the machine's memory, between 1 and 16 GiB (vLLM's CPU backend needs a number)."""
+    return max(1, min(16, total_bytes // (8 * 1024**3)))
+
+
+def apply_env_defaults() -> None:
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+        import psutil  # type: ignore[import-untyped,unused-ignore]
+
+        gib = cpu_kv_cache_default_gib(psutil.virtual_memory().total)
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
+        log.info("Set CPU KV-cache size default VLLM_CPU_KVCACHE_SPACE=%d", gib)
+
+
+def vllm_argv(config: ServeConfig, model_path: str) -> list[str]:
+    """The vLLM command line equivalent to this config (after the model is local)."""
+    argv = [
+        "--model", model_path,
+        "--served-model-name", config.name,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--dtype", config.dtype,
+        "--tensor-parallel-size", str(config.tensor_parallel_size),
+        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
+    ]  # fmt: skip
+    optional = {
+        "--quantization": config.quantization,
+        "--max-model-len": config.max_model_len,
+        "--block-size": config.block_size,
+        "--max-num-seqs": config.max_num_seqs,
+    }
+    for flag, value in optional.items():
+        if value is not None:
+            argv += [flag, str(value)]
+    if config.enable_prefix_caching is not None:
+        argv.append(
+            "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
+        )
+    return argv + list(config.extra_args)
+
+
+def parse_vllm_args(config: ServeConfig, model_path: str) -> argparse.Namespace:
+    """Parse with vLLM's own parser; a bad extra argument exits 2 with vLLM's message."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    prog = "pagoda-runtime serve -- (vLLM engine arguments)"
+    parser = make_arg_parser(FlexibleArgumentParser(prog=prog))  # type: ignore[no-untyped-call,unused-ignore]
+    args: argparse.Namespace = parser.parse_args(vllm_argv(config, model_path))
+    if api_key := os.environ.get("PAGODA_API_KEY"):
+        args.api_key = [api_key]
+    validate_parsed_serve_args(args)
+    return args
+
+
+def run_in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
+    """Like asyncio.to_thread, but the thread never holds up interpreter exit."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def deliver(setter: Callable[[Any], None], value: Any) -> None:
+        if not future.done():
+            setter(value)
+
+    def target() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop
+            loop.call_soon_threadsafe(deliver, future.set_exception, exc)
+        else:
+            loop.call_soon_threadsafe(deliver, future.set_result, result)
+
+    threading.Thread(target=target, name=name, daemon=True).start()
+    return future
+
+
+def create_engine(args: argparse.Namespace) -> Any:
+    """Blocking: builds the engine config and starts EngineCore (what vLLM's build function does)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+    return AsyncLLM.from_vllm_config(
+        vllm_config=vllm_config,
+        usage_context=UsageContext.OPENAI_API_SERVER,
+        enable_log_requests=engine_args.enable_log_requests,
+        aggregate_engine_logging=engine_args.aggregate_engine_logging,
+        disable_log_stats=engine_args.disable_log_stats,
+    )
+
+
+async def build_vllm_app(engine: Any, args: argparse.Namespace, server: Any, stack: AsyncExitStack) -> Any:
+    """vLLM's FastAPI app with its state and lifespan, exactly as `vllm serve` builds it."""
+    from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+    from vllm.entrypoints.launchers.app import build_app
+
+    await engine.reset_mm_cache()
+    supported_tasks = await engine.get_supported_tasks()
+    app = build_app(args, supported_tasks, engine.model_config)
+    await init_app_state(engine, app.state, args, supported_tasks)
+    app.state.server = server
+    await stack.enter_async_context(app.router.lifespan_context(app))
+    return app
+
+
+def shutdown_engine(engine: Any) -> None:
+    """Blocking: stops EngineCore and its workers."""
+    engine.shutdown(timeout=engine.vllm_config.shutdown_timeout)

@@ -1,0 +1,204 @@
+"""The process lifecycle: bind, serve probes, load the engine, watch it, drain on SIGTERM, exit clean.
+
+Exit status: 0 after a drain; 1 when the model cannot be resolved or loaded, or the engine dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+import psutil  # type: ignore[import-untyped,unused-ignore]
+import uvicorn
+
+from pagoda.runtime import engine as eng
+from pagoda.runtime import sources
+from pagoda.runtime.config import ServeConfig
+from pagoda.runtime.server import PagodaApp, RuntimeState
+
+log = logging.getLogger("pagoda.runtime")
+WATCHDOG_INTERVAL_S = 1.0
+CHILD_EXIT_TIMEOUT_S = 5.0
+
+
+class _NoSignalServer(uvicorn.Server):
+    """uvicorn installs and re-raises SIGTERM itself; the runtime handles signals instead."""
+
+    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+        return
+
+    def capture_signals(self) -> Any:  # uvicorn >= 0.29
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+def _is_resource_tracker(proc: psutil.Process) -> bool:
+    """multiprocessing's resource tracker ignores SIGTERM and exits by itself when this process does."""
+    try:
+        return "resource_tracker" in " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+
+
+def reap_children() -> int:
+    """Terminate, then kill, any process this one started that is still alive. Returns how many."""
+    children = [c for c in psutil.Process().children(recursive=True) if not _is_resource_tracker(c)]
+    for child in children:
+        try:
+            child.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(children, timeout=CHILD_EXIT_TIMEOUT_S)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    if children:
+        names = ",".join(sorted({_name(c) for c in children}))
+        log.warning(
+            "Reaped leftover child processes count=%d killed=%d names=%s", len(children), len(alive), names
+        )
+    return len(children)
+
+
+def _name(proc: psutil.Process) -> str:
+    try:
+        return str(proc.name())
+    except psutil.Error:
+        return "?"
+
+
+class Runtime:
+    def __init__(self, config: ServeConfig, vllm_args: Any) -> None:
+        self.config = config
+        self.vllm_args = vllm_args
+        self.state = RuntimeState(config.name)
+        self.stop = asyncio.Event()
+        self.exit_code = 0
+        self.started = time.monotonic()
+
+    def request_stop(self, reason: str, exit_code: int = 0) -> None:
+        if not self.stop.is_set():
+            log.info("Received stop request reason=%s", reason)
+            self.exit_code = exit_code
+            self.stop.set()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        try:
+            sock = bind(self.config.host, self.config.port)
+        except OSError as exc:
+            log.error("Failed to bind host=%s port=%d error=%s", self.config.host, self.config.port, exc)
+            return 1
+        server = _NoSignalServer(
+            uvicorn.Config(
+                PagodaApp(self.state),
+                lifespan="off",
+                log_level="warning",
+                access_log=False,
+                timeout_keep_alive=5,
+                timeout_graceful_shutdown=5,
+            )
+        )
+        server_task = asyncio.create_task(server.serve(sockets=[sock]))
+        log.info("Started HTTP server host=%s port=%d", self.config.host, self.config.port)
+        async with AsyncExitStack() as stack:
+            await self._load_and_serve(server, stack)
+            await self._drain()
+            server.should_exit = True
+            await asyncio.wait({server_task}, timeout=15)
+        await self._shutdown_engine()
+        sock.close()
+        reap_children()
+        log.info("Stopped runtime exit_code=%d", self.exit_code)
+        return self.exit_code
+
+    async def _load_and_serve(self, server: uvicorn.Server, stack: AsyncExitStack) -> None:
+        source = sources.parse_model_uri(self.config.model)
+        args, config = self.vllm_args, self.config
+
+        def load() -> Any:
+            path = sources.resolve(source, config.cache_dir, config.revision)
+            args.model = str(path)
+            log.info("Started engine model=%s path=%s", config.model, path)
+            return eng.create_engine(args)
+
+        loading = eng.run_in_daemon_thread(load, "pagoda-engine-load")
+        stopped = asyncio.create_task(self.stop.wait())
+        await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            stopped.cancel()
+            log.info("Stopped while loading model=%s", config.model)
+            reap_children()  # makes a pending EngineCore handshake fail
+            return
+        stopped.cancel()
+        try:
+            self.state.engine = loading.result()
+            self.state.inner = await eng.build_vllm_app(self.state.engine, args, server, stack)
+            self.state.engine_registry = _engine_registry()
+        except Exception as exc:
+            log.error("Failed to load model uri=%s error=%s: %s", config.model, type(exc).__name__, exc)
+            self.request_stop("model load failed", exit_code=1)
+            return
+        self.state.status.model_load_seconds = time.monotonic() - self.started
+        log.info(
+            "Loaded model uri=%s name=%s seconds=%.1f",
+            config.model,
+            config.name,
+            self.state.status.model_load_seconds,
+        )
+        watchdog = asyncio.create_task(self._watch_engine())
+        await self.stop.wait()
+        watchdog.cancel()
+
+    async def _watch_engine(self) -> None:
+        while not self.stop.is_set():
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+            if self.state.engine_dead:
+                log.error("Engine died model=%s; exiting", self.config.model)
+                self.request_stop("engine died", exit_code=1)
+
+    async def _drain(self) -> None:
+        state = self.state
+        state.status.draining = True
+        if state.inner is None or state.engine_dead:
+            return
+        log.info("Started drain in_flight=%d timeout=%.0f", state.in_flight, self.config.drain_timeout)
+        try:
+            await asyncio.wait_for(state.idle.wait(), timeout=self.config.drain_timeout)
+            log.info("Drained requests rejected=%d", state.status.rejected_draining)
+        except TimeoutError:
+            log.warning("Drain timed out in_flight=%d", state.in_flight)
+
+    async def _shutdown_engine(self) -> None:
+        engine = self.state.engine
+        if engine is None:
+            return
+        try:
+            await asyncio.wait_for(eng.run_in_daemon_thread(lambda: eng.shutdown_engine(engine), "stop"), 30)
+            log.info("Stopped engine")
+        except Exception as exc:
+            log.warning("Failed to stop engine cleanly error=%s", exc)
+
+
+def _engine_registry() -> Any:
+    from pagoda.runtime.metrics import engine_registry
+
+    return engine_registry()

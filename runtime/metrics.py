@@ -1,0 +1,109 @@
+"""`/metrics`: vLLM's own metrics plus stable `pagoda_*` names read from them at scrape time.
+
+vLLM renames metrics between releases (gpu_cache_usage_perc became kv_cache_usage_perc); the names
+below are Pagoda's contract with the operator's KEDA trigger and with dashboards, so each one is mapped
+from whichever vLLM name the installed engine exposes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+WAITING = ("vllm:num_requests_waiting",)
+RUNNING = ("vllm:num_requests_running",)
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+@dataclass
+class EngineGauges:
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_usage: float = 0.0
+
+
+@dataclass
+class ServerStatus:
+    """What the server knows about itself, read by the collector at scrape time."""
+
+    model_name: str
+    ready: bool = False
+    draining: bool = False
+    model_load_seconds: float = 0.0
+    rejected_draining: int = 0
+
+
+def _values(families: Iterable[Metric], names: Sequence[str], model_name: str) -> list[float]:
+    """Samples of the first name in `names` that the engine exposes, for this model."""
+    by_name = {f.name: f for f in families}
+    for name in names:
+        family = by_name.get(name)
+        if family is None:
+            continue
+        return [
+            s.value
+            for s in family.samples
+            if s.name == name and s.labels.get("model_name", model_name) == model_name
+        ]
+    return []
+
+
+def engine_gauges(families: Sequence[Metric], model_name: str) -> EngineGauges:
+    """Queue depth and running requests summed over engines; KV-cache usage is the fullest engine's."""
+    kv = _values(families, KV_USAGE, model_name)
+    return EngineGauges(
+        waiting=sum(_values(families, WAITING, model_name)),
+        running=sum(_values(families, RUNNING, model_name)),
+        kv_usage=min(1.0, max([0.0, *kv])),
+    )
+
+
+def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
+    labels = ["model_name"]
+    value = [status.model_name]
+
+    def gauge(name: str, doc: str, v: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=labels)
+        family.add_metric(value, v)
+        return family
+
+    rejected = CounterMetricFamily(
+        "pagoda_requests_rejected_draining", "Requests answered 503 while draining.", labels=labels
+    )
+    rejected.add_metric(value, status.rejected_draining)
+    return [
+        gauge("pagoda_queue_depth", "Requests waiting in the engine's queue.", gauges.waiting),
+        gauge("pagoda_running_requests", "Requests the engine is running.", gauges.running),
+        gauge("pagoda_kv_cache_usage_ratio", "KV-cache usage, 0 to 1.", gauges.kv_usage),
+        gauge("pagoda_ready", "1 when the model is loaded and the pod is not draining.", float(status.ready)),
+        gauge("pagoda_draining", "1 after SIGTERM, while requests drain.", float(status.draining)),
+        gauge("pagoda_model_load_seconds", "Seconds from start to engine ready.", status.model_load_seconds),
+        rejected,
+    ]
+
+
+class _Families:
+    """A registry-shaped wrapper so generate_latest renders already-collected families."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families
+
+
+def engine_registry() -> CollectorRegistry:
+    from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+    registry: CollectorRegistry = get_prometheus_registry()
+    return registry
+
+
+def render(status: ServerStatus, registry: CollectorRegistry | None) -> bytes:
+    """One scrape: collect vLLM's registry once, derive the pagoda_* values from it, render both."""
+    engine = list(registry.collect()) if registry is not None else []
+    ours = pagoda_families(status, engine_gauges(engine, status.model_name))
+    return generate_latest(_Families(engine + ours))

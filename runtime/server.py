@@ -1,0 +1,143 @@
+"""The outer ASGI app: Pagoda's probes and metrics, and a gate in front of vLLM's own app.
+
+The HTTP server starts before the engine. Until the engine is ready every other path answers 503 with
+Retry-After; after that requests go to vLLM's FastAPI app (its OpenAI routes, unchanged). While draining,
+new requests get 503 with Retry-After and the requests already inside are counted until they finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from pagoda.runtime import metrics
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+RETRY_AFTER_LOADING = "5"
+RETRY_AFTER_DRAINING = "1"
+
+
+class RuntimeState:
+    """Shared between the ASGI app, the lifecycle and the metrics collector."""
+
+    def __init__(self, model_name: str) -> None:
+        self.status = metrics.ServerStatus(model_name=model_name)
+        self.inner: ASGIApp | None = None
+        self.engine: Any = None  # vllm EngineClient once built
+        self.engine_registry: Any = None
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    @property
+    def engine_dead(self) -> bool:
+        return self.engine is not None and bool(self.engine.errored)
+
+    @property
+    def ready(self) -> bool:
+        return self.inner is not None and not self.status.draining and not self.engine_dead
+
+
+async def _send_json(
+    send: Send, status: int, body: dict[str, Any], headers: list[tuple[bytes, bytes]]
+) -> None:
+    payload = json.dumps(body).encode()
+    base = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": base + headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+def openai_error(message: str, status: int, kind: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+
+
+class PagodaApp:
+    def __init__(self, state: RuntimeState) -> None:
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        path = scope.get("path", "")
+        if kind == "http":
+            if path == "/livez":
+                await self._livez(send)
+                return
+            if path == "/readyz":
+                await self._readyz(send)
+                return
+            if path == "/metrics":
+                await self._metrics(send)
+                return
+        await self._forward(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _livez(self, send: Send) -> None:
+        if self.state.engine_dead:
+            await _send_json(send, 503, {"status": "engine dead"}, [])
+        else:
+            await _send_json(send, 200, {"status": "alive"}, [])
+
+    async def _readyz(self, send: Send) -> None:
+        state = self.state
+        if state.ready:
+            await _send_json(send, 200, {"status": "ready"}, [])
+            return
+        reason = (
+            "draining" if state.status.draining else "engine dead" if state.engine_dead else "model loading"
+        )
+        await _send_json(send, 503, {"status": reason}, [])
+
+    async def _metrics(self, send: Send) -> None:
+        state = self.state
+        state.status.ready = state.ready
+        body = metrics.render(state.status, state.engine_registry)
+        headers = [
+            (b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state = self.state
+        if state.status.draining:
+            state.status.rejected_draining += 1
+            if scope["type"] == "http":
+                body = openai_error(
+                    "The server is draining; retry on another replica.", 503, "ServiceUnavailable"
+                )
+                retry = [(b"retry-after", RETRY_AFTER_DRAINING.encode()), (b"connection", b"close")]
+                await _send_json(send, 503, body, retry)
+            return
+        inner = state.inner
+        if inner is None:
+            if scope["type"] == "http":
+                body = openai_error("The model is loading; retry shortly.", 503, "ServiceUnavailable")
+                await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
+            return
+        state.in_flight += 1
+        state.idle.clear()
+        try:
+            await inner(scope, receive, send)
+        finally:
+            state.in_flight -= 1
+            if state.in_flight == 0:
+                state.idle.set()

@@ -1,0 +1,193 @@
+"""Model sources: turn a model URI into a local directory vLLM can load.
+
+- `file:///abs/path` (or a bare path): used in place.
+- `pvc://<claim>/<path>`: the PersistentVolumeClaim is mounted at `/mnt/models/<claim>` (the operator's
+  convention; `PAGODA_PVC_ROOT` overrides the root), so this is `/mnt/models/<claim>/<path>`.
+- `hf://<org>/<name>`: downloaded into `<cache-dir>/hf` (token from `HF_TOKEN`); with no network the
+  cached copy is used, and when there is none the error says so.
+- `s3://<bucket>/<prefix>`: every object under the prefix, downloaded with boto3 into
+  `<cache-dir>/s3/<bucket>/<prefix>` (credentials and endpoint from the usual `AWS_*` environment).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("pagoda.runtime.sources")
+
+PVC_ROOT_DEFAULT = "/mnt/models"
+_DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_HF_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+class ModelSourceError(ValueError):
+    """The model URI is malformed, or the model behind it is missing or broken."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    uri: str
+    scheme: str  # file | pvc | hf | s3
+    location: str  # local path, hf repo id, or bucket
+    key: str = ""  # s3 prefix
+
+    @property
+    def default_name(self) -> str:
+        if self.scheme == "hf":
+            return self.location
+        tail = self.key if self.scheme == "s3" else self.location
+        return Path(tail.rstrip("/")).name or self.location
+
+
+def parse_model_uri(uri: str) -> ModelSource:
+    scheme, sep, rest = uri.partition("://")
+    if not sep:
+        if not uri.startswith("/"):
+            raise ModelSourceError(
+                f"model {uri!r}: use a URI (file://, pvc://, hf://, s3://) or an absolute path"
+            )
+        return ModelSource(uri, "file", uri)
+    if scheme == "file":
+        if not rest.startswith("/"):
+            raise ModelSourceError(f"model {uri!r}: file:// needs an absolute path (file:///models/x)")
+        return ModelSource(uri, "file", rest)
+    if scheme == "pvc":
+        claim, _, path = rest.partition("/")
+        if not _DNS1123.match(claim) or len(claim) > 253:
+            raise ModelSourceError(f"model {uri!r}: pvc:// needs a claim name (pvc://<claim>/<path>)")
+        if ".." in Path(path).parts:
+            raise ModelSourceError(f"model {uri!r}: the path may not contain '..'")
+        root = Path(os.environ.get("PAGODA_PVC_ROOT", PVC_ROOT_DEFAULT))
+        return ModelSource(uri, "pvc", str(root / claim / path))
+    if scheme == "hf":
+        parts = rest.strip("/").split("/")
+        if not 1 <= len(parts) <= 2 or not all(_HF_PART.match(p) for p in parts):
+            raise ModelSourceError(f"model {uri!r}: hf:// needs a repository id (hf://<org>/<name>)")
+        return ModelSource(uri, "hf", "/".join(parts))
+    if scheme == "s3":
+        bucket, _, prefix = rest.partition("/")
+        if not _BUCKET.match(bucket) or not prefix.strip("/"):
+            raise ModelSourceError(
+                f"model {uri!r}: s3:// needs a bucket and a prefix (s3://<bucket>/<prefix>)"
+            )
+        return ModelSource(uri, "s3", bucket, prefix.strip("/"))
+    raise ModelSourceError(f"model {uri!r}: unknown scheme {scheme!r} (use file, pvc, hf or s3)")
+
+
+def check_model_dir(uri: str, path: Path) -> Path:
+    """A loadable model directory has a readable config.json; anything else is a clear error."""
+    if not path.is_dir():
+        raise ModelSourceError(f"model {uri}: {path} does not exist or is not a directory")
+    config = path / "config.json"
+    try:
+        json.loads(config.read_text())
+    except FileNotFoundError:
+        raise ModelSourceError(f"model {uri}: no config.json in {path}") from None
+    except (OSError, ValueError) as exc:
+        raise ModelSourceError(f"model {uri}: {config} is unreadable or not JSON ({exc})") from None
+    return path
+
+
+def resolve(source: ModelSource, cache_dir: str, revision: str | None = None) -> Path:
+    """Return a local model directory, downloading it first for hf:// and s3://. Blocking."""
+    if source.scheme in ("file", "pvc"):
+        return check_model_dir(source.uri, Path(source.location))
+    if source.scheme == "hf":
+        return check_model_dir(source.uri, _resolve_hf(source, Path(cache_dir) / "hf", revision))
+    return check_model_dir(source.uri, _resolve_s3(source, Path(cache_dir) / "s3"))
+
+
+class _Progress:
+    """Logs download progress at most every few seconds, as key=value lines."""
+
+    def __init__(self, uri: str, interval: float = 5.0) -> None:
+        self.uri, self.interval, self.last = uri, interval, 0.0
+
+    def report(self, done: int, total: int | None, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last >= self.interval:
+            self.last = now
+            log.info("Downloaded model bytes uri=%s done=%d total=%s", self.uri, done, total or "?")
+
+
+def _resolve_hf(source: ModelSource, cache: Path, revision: str | None) -> Path:
+    import huggingface_hub
+    from tqdm.auto import tqdm  # type: ignore[import-untyped,unused-ignore]
+
+    progress = _Progress(source.uri)
+
+    class LogTqdm(tqdm):  # type: ignore[misc]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = False
+            kwargs["file"] = open(os.devnull, "w")  # noqa: SIM115 - closed with the bar
+            super().__init__(*args, **kwargs)
+
+        def display(self, *args: Any, **kwargs: Any) -> None:
+            progress.report(int(self.n), int(self.total) if self.total else None)
+
+    token = os.environ.get("HF_TOKEN") or None
+    common: dict[str, Any] = {"repo_id": source.location, "revision": revision, "cache_dir": str(cache)}
+    log.info("Started model download uri=%s cache=%s", source.uri, cache)
+    try:
+        path = huggingface_hub.snapshot_download(**common, token=token, tqdm_class=LogTqdm)
+    except Exception as online_error:  # network down, offline mode, auth, missing repo
+        try:
+            path = huggingface_hub.snapshot_download(**common, local_files_only=True)
+        except Exception:
+            raise ModelSourceError(
+                f"model {source.uri}: could not download it ({type(online_error).__name__}: {online_error}) "
+                f"and no cached copy is in {cache}"
+            ) from None
+        log.warning(
+            "Used cached model copy uri=%s path=%s reason=%s", source.uri, path, type(online_error).__name__
+        )
+    log.info("Resolved model uri=%s path=%s", source.uri, path)
+    return Path(path)
+
+
+def _resolve_s3(source: ModelSource, cache: Path) -> Path:
+    try:
+        import boto3
+    except ImportError:
+        raise ModelSourceError(f"model {source.uri}: s3:// needs boto3 (pip install boto3)") from None
+    target = cache / source.location / source.key
+    progress = _Progress(source.uri)
+    client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
+    prefix = source.key + "/"
+    log.info("Started model download uri=%s cache=%s", source.uri, target)
+    try:
+        objects = [
+            obj
+            for page in client.get_paginator("list_objects_v2").paginate(
+                Bucket=source.location, Prefix=prefix
+            )
+            for obj in page.get("Contents", [])
+        ]
+        if not objects:
+            raise ModelSourceError(f"model {source.uri}: no objects under s3://{source.location}/{prefix}")
+        total, done = sum(int(o["Size"]) for o in objects), 0
+        for obj in objects:
+            rel = obj["Key"][len(prefix) :]
+            if not rel or rel.endswith("/") or ".." in Path(rel).parts:
+                continue
+            dest = target / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not (dest.exists() and dest.stat().st_size == int(obj["Size"])):
+                client.download_file(source.location, obj["Key"], str(dest))
+            done += int(obj["Size"])
+            progress.report(done, total)
+        progress.report(done, total, force=True)
+    except ModelSourceError:
+        raise
+    except Exception as exc:
+        raise ModelSourceError(f"model {source.uri}: download failed ({type(exc).__name__}: {exc})") from None
+    log.info("Resolved model uri=%s path=%s", source.uri, target)
+    return target

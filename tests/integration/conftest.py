@@ -1,0 +1,68 @@
+"""Tier 2 fixtures: the real local control plane (e2e.fixtures), the InferenceService CRD, and the
+operator started as a subprocess exactly as in production (`pagoda-operator`)."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import REPO, OperatorProcess
+from kubernetes import client
+
+from e2e.cluster import Cluster
+from e2e.fixtures import cluster, cluster_api, namespace  # noqa: F401
+
+CRD_FILE = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def crd(cluster: Cluster) -> None:  # noqa: F811
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
+    )
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster, crd: None) -> Iterator[OperatorProcess]:  # noqa: F811
+    workdir = Path(tempfile.mkdtemp(prefix="pagoda-operator-"))
+    process = OperatorProcess(cluster.kubeconfig, workdir)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(f"\nThe operator's logs are in {workdir}.")
+
+
+@pytest.fixture
+def kube(cluster_api: Any) -> client.CustomObjectsApi:  # noqa: F811
+    return client.CustomObjectsApi(cluster_api)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    process = getattr(item, "funcargs", {}).get("operator")
+    if report.failed and isinstance(process, OperatorProcess):
+        lines = [line for line in process.log().splitlines() if not line.startswith(" ")]
+        report.sections.append(("operator log (last 60 lines)", "\n".join(lines[-60:])))
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _operator_alive(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if "operator" in request.fixturenames:
+        process: OperatorProcess = request.getfixturevalue("operator")
+        if process.proc is not None and process.proc.poll() is not None:
+            pytest.fail(f"The operator died during the test; log:\n{process.log()[-4000:]}")

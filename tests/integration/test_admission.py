@@ -1,0 +1,89 @@
+"""Invalid InferenceServices are rejected by the API server itself (CRD schema + CEL), naming the field.
+
+No operator involved: this is what `kubectl apply` of a bad manifest sees. Server-side dry run, so nothing
+is stored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from isvc import GROUP, PLURAL, VERSION, manifest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+AUTO = {"replicas": None, "autoscaling": {"minReplicas": 1, "maxReplicas": 2}}
+
+# (id, spec overrides, text the error must contain: the field's name)
+INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("unknown-uri-scheme", {"model": {"uri": "ftp://host/model"}}, ["spec.model.uri"]),
+    ("missing-model", {"model": None}, ["spec.model"]),
+    ("missing-gpu-count", {"resources": {"gpu": {"count": None}}}, ["spec.resources.gpu.count"]),
+    ("zero-gpus", {"resources": {"gpu": {"count": 0}}}, ["spec.resources.gpu.count"]),
+    ("bad-dtype", {"engine": {"dtype": "int4"}}, ["spec.engine.dtype"]),
+    ("bad-quantization", {"engine": {"quantization": "bitsandbytes"}}, ["spec.engine.quantization"]),
+    ("gpu-memory-above-1", {"engine": {"gpuMemoryUtilization": 1.5}}, ["gpuMemoryUtilization"]),
+    ("gpu-memory-zero", {"engine": {"gpuMemoryUtilization": 0}}, ["gpuMemoryUtilization"]),
+    ("tensor-parallel-not-gpu-count", {"engine": {"tensorParallelSize": 2}}, ["tensorParallelSize"]),
+    ("bad-block-size", {"engine": {"blockSize": 7}}, ["spec.engine.blockSize"]),
+    ("negative-replicas", {"replicas": -1}, ["spec.replicas"]),
+    ("replicas-and-autoscaling", {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}}, ["spec.replicas"]),
+    (
+        "min-above-max",
+        {"replicas": None, "autoscaling": {"minReplicas": 5, "maxReplicas": 2}},
+        ["minReplicas"],
+    ),
+    (
+        "zero-target-queue-depth",
+        {**AUTO, "autoscaling": {"maxReplicas": 2, "targetQueueDepth": 0}},
+        ["targetQueueDepth"],
+    ),
+    (
+        "kv-ratio-above-1",
+        {**AUTO, "autoscaling": {"maxReplicas": 2, "kvCacheUsage": {"targetRatio": 2.0}}},
+        ["targetRatio"],
+    ),
+    (
+        "credentials-not-a-name",
+        {"model": {"credentialsSecret": "Not_A_Name"}},
+        ["spec.model.credentialsSecret"],
+    ),
+    ("cache-pvc-and-size", {"model": {"cache": {"pvc": "models", "size": "10Gi"}}}, ["spec.model.cache"]),
+    ("bad-memory-quantity", {"resources": {"memory": "lots"}}, ["spec.resources.memory"]),
+    ("bad-service-port", {"service": {"port": 70000}}, ["spec.service.port"]),
+    ("unknown-field", {"engine": {"turbo": True}}, ["spec.engine.turbo"]),
+]
+
+
+@pytest.mark.parametrize(("overrides", "fields"), [pytest.param(o, f, id=i) for i, o, f in INVALID])
+def test_invalid_spec_is_rejected_at_admission(
+    crd: None, cluster_api: Any, namespace: str, overrides: dict[str, Any], fields: list[str]
+) -> None:
+    body = manifest("bad", namespace, **overrides)
+    api = client.CustomObjectsApi(cluster_api)
+    with pytest.raises(ApiException) as caught:
+        api.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body, dry_run="All", field_validation="Strict"
+        )
+    assert caught.value.status in (400, 422), caught.value.body  # 400: strict decoding of unknown fields
+    message = json.loads(caught.value.body)["message"]
+    for field in fields:
+        assert field in message, f"{field!r} not named in: {message}"
+
+
+def test_a_valid_spec_is_accepted(crd: None, cluster_api: Any, namespace: str) -> None:
+    """The base every invalid case starts from is itself valid (so each case fails for its own reason)."""
+    api = client.CustomObjectsApi(cluster_api)
+    for overrides in ({}, AUTO):
+        created = api.create_namespaced_custom_object(
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            manifest("ok", namespace, **overrides),
+            dry_run="All",
+            field_validation="Strict",
+        )
+        assert created["metadata"]["name"] == "ok"

@@ -1,0 +1,144 @@
+"""Create -> children with the right fields and Ready status; spec change -> rollout; delete -> GC."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import OperatorProcess, wait_until
+from isvc import OWNER_LABEL, condition, create, get, managed_fields_of, patch, ready_and_current
+from kubernetes import client
+
+from pagoda.operator.reconcile.kube import Kube
+
+CHILD_LABELS = {
+    "app.kubernetes.io/name": "pagoda-runtime",
+    "app.kubernetes.io/managed-by": "pagoda-operator",
+}
+
+
+def children(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    found = {}
+    for api_version, plural, kind in [
+        ("apps/v1", "deployments", "Deployment"),
+        ("v1", "services", "Service"),
+        ("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget"),
+        ("keda.sh/v1alpha1", "scaledobjects", "ScaledObject"),
+    ]:
+        obj = kube.get(api_version, plural, namespace, name)
+        if obj is not None:
+            found[kind] = obj
+    return found
+
+
+def test_create_builds_children_and_reports_ready(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+) -> None:
+    raw = Kube(cluster_api)
+    owner = create(kube, "llm", namespace)
+    found = wait_until(
+        lambda: (
+            (c := children(raw, namespace, "llm"))
+            and {"Deployment", "Service", "PodDisruptionBudget"} <= set(c)
+            and c
+        ),
+        "the Deployment, Service and PDB",
+    )
+    assert "ScaledObject" not in found  # fixed replicas: no autoscaler
+    for kind, obj in found.items():
+        meta = obj["metadata"]
+        assert (
+            meta["labels"].items()
+            >= {**CHILD_LABELS, OWNER_LABEL: "llm", "app.kubernetes.io/instance": "llm"}.items()
+        ), kind
+        (ref,) = meta["ownerReferences"]
+        assert (ref["uid"], ref["kind"], ref["controller"], ref["blockOwnerDeletion"]) == (
+            owner["metadata"]["uid"],
+            "InferenceService",
+            True,
+            True,
+        ), kind
+        assert managed_fields_of(obj, "pagoda-operator"), (
+            f"{kind} is not applied by the pagoda-operator manager"
+        )
+
+    deployment = found["Deployment"]
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["selector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "pagoda-runtime",
+        OWNER_LABEL: "llm",
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "runtime"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] in ("1", 1)
+    args = container.get("args", []) + container.get("command", [])
+    assert "hf://pagoda-test/tiny-llama" in args and "--max-model-len" in args
+    assert {"name": "http", "containerPort": 8000}.items() <= next(
+        p for p in container["ports"] if p["name"] == "http"
+    ).items()
+    service = found["Service"]
+    (port,) = service["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("http", 8000, "http")
+    assert found["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+
+    # Status: Ready once kwok's pods are Ready; everything the scale subresource and kubectl need.
+    obj = wait_until(
+        lambda: (o := get(kube, "llm", namespace)) and ready_and_current(o) and o, "Ready=True", 90
+    )
+    status = obj["status"]
+    assert (status["replicas"], status["readyReplicas"]) == (2, 2)
+    assert status["url"] == f"http://llm.{namespace}.svc:8000"
+    assert status["selector"] == f"app.kubernetes.io/name=pagoda-runtime,{OWNER_LABEL}=llm"
+    for type_ in ("Ready", "Progressing", "Degraded"):
+        cond = condition(obj, type_)
+        assert cond["observedGeneration"] == obj["metadata"]["generation"] and cond["lastTransitionTime"], (
+            type_
+        )
+    # kopf wrote nothing onto the user's object: no finalizer, no annotations of its own.
+    assert not obj["metadata"].get("finalizers")
+    assert not [a for a in obj["metadata"].get("annotations") or {} if "kopf" in a]
+    # A Kubernetes Event per child created.
+    events = client.CoreV1Api(cluster_api).list_namespaced_event(namespace).items
+    messages = {e.message for e in events if e.involved_object.name == "llm" and e.reason == "Created"}
+    assert {"Created Deployment llm", "Created Service llm", "Created PodDisruptionBudget llm"} <= messages
+
+
+def test_spec_change_rolls_out(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+) -> None:
+    raw = Kube(cluster_api)
+    create(kube, "roll", namespace, replicas=1)
+    wait_until(lambda: ready_and_current(get(kube, "roll", namespace)), "Ready=True", 90)
+    before = raw.get("apps/v1", "deployments", namespace, "roll")
+    assert before is not None
+    patch(kube, "roll", namespace, {"engine": {"maxModelLen": 4096}})
+
+    def rolled() -> bool:
+        dep = raw.get("apps/v1", "deployments", namespace, "roll")
+        args = dep["spec"]["template"]["spec"]["containers"][0].get("args", []) if dep else []
+        return "4096" in args
+
+    wait_until(rolled, "the Deployment's template to carry --max-model-len 4096")
+    sets = wait_until(
+        lambda: len(raw.list("apps/v1", "replicasets", namespace, f"{OWNER_LABEL}=roll")) >= 2 and True,
+        "a second ReplicaSet (a rollout)",
+    )
+    assert sets
+    obj = wait_until(
+        lambda: (o := get(kube, "roll", namespace)) and ready_and_current(o) and o, "Ready again", 90
+    )
+    assert obj["status"]["observedGeneration"] == 2
+    after = raw.get("apps/v1", "deployments", namespace, "roll")
+    assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]  # updated in place
+
+
+def test_delete_removes_children_by_garbage_collection(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+) -> None:
+    raw = Kube(cluster_api)
+    create(kube, "gone", namespace, replicas=None, autoscaling={"minReplicas": 1, "maxReplicas": 3})
+    wait_until(lambda: len(children(raw, namespace, "gone")) == 4, "all four children")
+    kube.delete_namespaced_custom_object("pagoda.dev", "v1alpha1", namespace, "inferenceservices", "gone")
+    wait_until(
+        lambda: not children(raw, namespace, "gone"), "the garbage collector to delete every child", 90
+    )
+    assert get(kube, "gone", namespace) is None

@@ -1,0 +1,112 @@
+"""Autoscaling on/off (ScaledObject and who owns the Deployment's replicas) and `kubectl scale`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import OperatorProcess, wait_until
+from isvc import create, get, managed_fields_of, patch, ready_and_current
+from kubernetes import client
+
+from e2e.cluster import Cluster
+from pagoda.operator.reconcile.kube import Kube
+
+
+def owns_replicas(deployment: dict[str, Any]) -> bool:
+    return "f:replicas" in managed_fields_of(deployment, "pagoda-operator").get("f:spec", {})
+
+
+def test_autoscaling_on_and_off(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+) -> None:
+    raw = Kube(cluster_api)
+    autoscaling = {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 5}
+    create(kube, "auto", namespace, replicas=None, autoscaling=autoscaling)
+    scaled = wait_until(
+        lambda: raw.get("keda.sh/v1alpha1", "scaledobjects", namespace, "auto"), "a ScaledObject"
+    )
+    assert scaled["spec"]["scaleTargetRef"]["name"] == "auto"
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (1, 4)
+    (trigger,) = [t for t in scaled["spec"]["triggers"] if "pagoda_queue_depth" in t["metadata"]["query"]]
+    assert f'namespace="{namespace}"' in trigger["metadata"]["query"]
+    assert 'service="auto"' in trigger["metadata"]["query"]
+    deployment = wait_until(lambda: raw.get("apps/v1", "deployments", namespace, "auto"), "the Deployment")
+    assert not owns_replicas(deployment), "an autoscaled Deployment's replicas belong to KEDA/HPA"
+
+    # The HPA (here: someone else) sets replicas; the operator must not fight it.
+    wait_until(lambda: ready_and_current(get(kube, "auto", namespace)), "Ready with 1 replica", 90)
+    writes = operator.total("pagoda_operator_api_writes_total", kind="Deployment")
+    apps = client.AppsV1Api(cluster_api)
+    apps.patch_namespaced_deployment_scale("auto", namespace, {"spec": {"replicas": 3}})
+    wait_until(
+        lambda: (get(kube, "auto", namespace) or {}).get("status", {}).get("readyReplicas") == 3,
+        "3 ready replicas reported",
+        90,
+    )
+    dep = raw.get("apps/v1", "deployments", namespace, "auto")
+    assert dep is not None and dep["spec"]["replicas"] == 3
+    assert operator.total("pagoda_operator_api_writes_total", kind="Deployment") == writes
+
+    # Autoscaling off: the ScaledObject goes, the operator owns replicas again.
+    patch(kube, "auto", namespace, {"autoscaling": None, "replicas": 2})
+    wait_until(
+        lambda: raw.get("keda.sh/v1alpha1", "scaledobjects", namespace, "auto") is None,
+        "the ScaledObject deleted",
+    )
+    dep = wait_until(
+        lambda: (
+            (d := raw.get("apps/v1", "deployments", namespace, "auto")) and d["spec"]["replicas"] == 2 and d
+        ),
+        "replicas 2",
+    )
+    assert owns_replicas(dep)
+    wait_until(lambda: ready_and_current(get(kube, "auto", namespace)), "Ready with 2 replicas", 90)
+
+    # And on again.
+    patch(kube, "auto", namespace, {"autoscaling": autoscaling, "replicas": None})
+    wait_until(
+        lambda: raw.get("keda.sh/v1alpha1", "scaledobjects", namespace, "auto"), "the ScaledObject again"
+    )
+    wait_until(
+        lambda: (d := raw.get("apps/v1", "deployments", namespace, "auto")) and not owns_replicas(d),
+        "replicas released to the autoscaler",
+    )
+
+
+def test_kubectl_scale_uses_the_scale_subresource(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    namespace: str,
+) -> None:
+    raw = Kube(cluster_api)
+    create(kube, "scaled", namespace, replicas=1)
+    wait_until(lambda: ready_and_current(get(kube, "scaled", namespace)), "Ready=True", 90)
+    cluster.kubectl("scale", "-n", namespace, "inferenceservice/scaled", "--replicas=3")
+    assert (get(kube, "scaled", namespace) or {})["spec"]["replicas"] == 3
+    wait_until(
+        lambda: (d := raw.get("apps/v1", "deployments", namespace, "scaled")) and d["spec"]["replicas"] == 3,
+        "the Deployment scaled to 3",
+    )
+    obj = wait_until(
+        lambda: (
+            (o := get(kube, "scaled", namespace))
+            and ready_and_current(o)
+            and o["status"]["replicas"] == 3
+            and o
+        ),
+        "status.replicas 3 and Ready",
+        90,
+    )
+    assert obj["status"]["readyReplicas"] == 3
+    scale = cluster.kubectl(
+        "get",
+        "-n",
+        namespace,
+        "inferenceservice/scaled",
+        "--subresource=scale",
+        "-o",
+        "jsonpath={.status.replicas}",
+    )
+    assert scale.stdout.strip() == "3"

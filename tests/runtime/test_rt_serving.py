@@ -1,0 +1,166 @@
+"""Tier 3: the OpenAI API, probes, bad requests and metrics on the real engine, via the `openai` client."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+from harness import RuntimeProcess, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.runtime
+
+
+def client(server: RuntimeProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+def scrape(server: RuntimeProcess) -> dict[str, float]:
+    """Sample name (with labels) -> value, from /metrics."""
+    text = server.get("/metrics").text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+            out[f"{s.name}{{{labels}}}"] = s.value
+    return out
+
+
+def test_probes_while_loading_then_ready(server: RuntimeProcess) -> None:
+    # Observed by the fixture while the model loaded: alive, not ready, API gated with Retry-After.
+    assert server.loading_observation is not None
+    live, ready, models, retry_after = server.loading_observation
+    assert (live, ready, models) == (200, 503, 503)
+    assert retry_after is not None and int(retry_after) > 0
+    assert server.get("/livez").status_code == 200
+    assert server.get("/readyz").json() == {"status": "ready"}
+
+
+def test_models_lists_served_name(server: RuntimeProcess) -> None:
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_chat_completion(server: RuntimeProcess) -> None:
+    reply = client(server).chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Say hello."}], max_tokens=12, temperature=0
+    )
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant"
+    assert choice.finish_reason in ("length", "stop")
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 12
+    assert reply.usage.prompt_tokens > 3  # the chat template added its role markers
+
+
+def test_streaming_chat(server: RuntimeProcess) -> None:
+    stream = client(server).chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Count."}],
+        max_tokens=16,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+    assert len([p for p in pieces if p]) >= 8
+    assert "".join(pieces)
+
+
+def test_completions_are_deterministic_at_temperature_zero(server: RuntimeProcess) -> None:
+    c = client(server)
+    a = c.completions.create(model="tiny", prompt="def main():", max_tokens=10, temperature=0)
+    b = c.completions.create(model="tiny", prompt="def main():", max_tokens=10, temperature=0)
+    assert a.choices[0].text == b.choices[0].text
+    assert a.usage is not None and 0 < a.usage.completion_tokens <= 10
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "needle"),
+    [
+        ("{not json", 400, "json"),
+        ({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}, 404, "nope"),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": -5},
+            400,
+            "max_tokens",
+        ),
+        (
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10**9},
+            400,
+            "max_tokens",
+        ),
+        ({"model": "tiny", "messages": [{"role": "user", "content": "hello world " * 3000}]}, 400, "context"),
+    ],
+    ids=["malformed-json", "unknown-model", "negative-max-tokens", "absurd-max-tokens", "prompt-too-long"],
+)
+def test_bad_requests_get_openai_errors_and_server_keeps_serving(
+    server: RuntimeProcess, body: object, status: int, needle: str
+) -> None:
+    payload = body if isinstance(body, str) else json.dumps(body)
+    r = httpx.post(
+        server.url + "/v1/chat/completions",
+        content=payload,
+        headers={"content-type": "application/json"},
+        timeout=30,
+    )
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["code"] == status and needle in error["message"].lower()
+    assert {"message", "type", "param", "code"} <= error.keys()
+    ok = client(server).completions.create(model="tiny", prompt="x", max_tokens=2)
+    assert ok.choices[0].text is not None
+
+
+def test_bad_request_through_openai_client_raises_typed_error(server: RuntimeProcess) -> None:
+    with pytest.raises(openai.NotFoundError):
+        client(server).chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_metrics_follow_the_engine_under_load(server: RuntimeProcess) -> None:
+    before = scrape(server)
+    label = '{model_name="tiny"}'
+    assert before[f"pagoda_ready{label}"] == 1.0
+    assert before[f"pagoda_draining{label}"] == 0.0
+    assert before[f"pagoda_model_load_seconds{label}"] > 1.0
+    assert any(k.startswith("vllm:") for k in before)  # vLLM's own metrics stay on /metrics
+
+    failures: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            client(server).completions.create(
+                model="tiny", prompt="load", max_tokens=120, extra_body={"ignore_eos": True}
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    peak: dict[str, float] = {"queue": 0.0, "running": 0.0, "kv": 0.0}
+
+    def saw_queue() -> bool:
+        m = scrape(server)
+        peak["queue"] = max(peak["queue"], m[f"pagoda_queue_depth{label}"])
+        peak["running"] = max(peak["running"], m[f"pagoda_running_requests{label}"])
+        peak["kv"] = max(peak["kv"], m[f"pagoda_kv_cache_usage_ratio{label}"])
+        return peak["queue"] >= 1 and peak["running"] == 4 and peak["kv"] > 0
+
+    wait_for(saw_queue, timeout=60, interval=0.05, what="queue depth, running requests and KV usage")
+    deadline = time.monotonic() + 120
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not failures, failures
+    assert peak["running"] == 4  # --max-num-seqs 4: the rest waited in the queue
+    assert 0 < peak["kv"] <= 1.0
+    wait_for(
+        lambda: (
+            scrape(server)[f"pagoda_queue_depth{label}"] == 0
+            and scrape(server)[f"pagoda_running_requests{label}"] == 0
+        ),
+        timeout=30,
+        what="an idle engine in the metrics",
+    )

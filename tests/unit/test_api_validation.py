@@ -1,0 +1,248 @@
+"""Invalid specs: pydantic names the field, and the CRD's CEL rules reject the same objects with the same
+message (so the operator reports exactly what admission would have said)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from pagoda.operator.api import InferenceServiceSpec, describe, error_messages
+from pagoda.operator.api import rules as r
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _set(path: str, value: Any) -> Mutation:
+    def mutate(spec: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = spec
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+
+    return mutate
+
+
+def _drop(path: str) -> Mutation:
+    def mutate(spec: dict[str, Any]) -> None:
+        *parents, leaf = path.split(".")
+        node = spec
+        for key in parents:
+            node = node[key]
+        del node[leaf]
+
+    return mutate
+
+
+def _both(*mutations: Mutation) -> Mutation:
+    def mutate(spec: dict[str, Any]) -> None:
+        for mutation in mutations:
+            mutation(spec)
+
+    return mutate
+
+
+# (id, mutation, the field path the error must name, the CEL message when a CEL rule mirrors it)
+CASES: list[tuple[str, Mutation, str, str | None]] = [
+    ("unknown-scheme", _set("model.uri", "gs://bucket/model"), "spec.model.uri", r.MSG_URI),
+    ("hf-without-name", _set("model.uri", "hf://"), "spec.model.uri", r.MSG_URI),
+    ("file-relative", _set("model.uri", "file://models/tiny"), "spec.model.uri", r.MSG_URI),
+    ("s3-without-key", _set("model.uri", "s3://bucket"), "spec.model.uri", r.MSG_URI),
+    (
+        "min-above-max",
+        _set("autoscaling", {"minReplicas": 5, "maxReplicas": 2}),
+        "spec.autoscaling.minReplicas",
+        r.MSG_MIN_MAX,
+    ),
+    (
+        "tp-not-gpu-count",
+        _set("engine.tensorParallelSize", 2),
+        "spec.engine.tensorParallelSize",
+        r.MSG_TENSOR_PARALLEL,
+    ),
+    (
+        "gpu-mem-zero",
+        _set("engine.gpuMemoryUtilization", 0),
+        "spec.engine.gpuMemoryUtilization",
+        r.MSG_GPU_MEMORY,
+    ),
+    (
+        "gpu-mem-above-one",
+        _set("engine.gpuMemoryUtilization", 1.5),
+        "spec.engine.gpuMemoryUtilization",
+        r.MSG_GPU_MEMORY,
+    ),
+    ("replicas-and-autoscaling", _set("replicas", 2), "spec.replicas", r.MSG_REPLICAS_XOR),
+    (
+        "cache-pvc-and-size",
+        _set("model.cache", {"pvc": "cache", "size": "100Gi"}),
+        "spec.model.cache",
+        r.MSG_CACHE,
+    ),
+    (
+        "cache-class-without-size",
+        _set("model.cache", {"storageClass": "fast"}),
+        "spec.model.cache.storageClass",
+        r.MSG_CACHE_STORAGE_CLASS,
+    ),
+    (
+        "kv-ratio-above-one",
+        _set("autoscaling.kvCacheUsage", {"targetRatio": 1.2}),
+        "spec.autoscaling.kvCacheUsage.targetRatio",
+        r.MSG_KV_TARGET,
+    ),
+    (
+        "literal-token-in-env",
+        _set("runtime", {"env": [{"name": "HF_TOKEN", "value": "hf_abc"}]}),
+        "spec.runtime.env",
+        r.MSG_SECRET_ENV,
+    ),
+    (
+        "label-value-invalid",
+        _set("scheduling", {"nodeSelector": {"pool": "a b"}}),
+        "spec.scheduling.nodeSelector.pool",
+        None,
+    ),
+    (
+        "scrape-interval-garbage",
+        _set("monitoring", {"serviceMonitor": {"interval": "30s1m"}}),
+        "spec.monitoring.serviceMonitor.interval",
+        None,
+    ),
+    ("quantization-unknown", _set("engine.quantization", "int4"), "spec.engine.quantization", None),
+    ("dtype-unknown", _set("engine.dtype", "float64"), "spec.engine.dtype", None),
+    (
+        "gpu-count-zero",
+        _both(_set("resources.gpu.count", 0), _drop("engine.tensorParallelSize")),
+        "spec.resources.gpu.count",
+        None,
+    ),
+    ("model-missing", _drop("model"), "spec.model", None),
+    ("resources-missing", _drop("resources"), "spec.resources", None),
+    (
+        "secret-name-invalid",
+        _set("model.credentialsSecret", "HF_Token"),
+        "spec.model.credentialsSecret",
+        None,
+    ),
+    ("token-in-spec", _set("model.token", "hf_abc"), "spec.model.token", None),
+    ("memory-not-quantity", _set("resources.memory", "lots"), "spec.resources.memory", None),
+    ("block-size-odd", _set("engine.blockSize", 17), "spec.engine.blockSize", None),
+    ("service-type-unknown", _set("service.type", "Ingress"), "spec.service.type", None),
+    ("max-surge-garbage", _set("rollout.maxSurge", "half"), "spec.rollout.maxSurge", None),
+    (
+        "extra-arg-owned-flag",
+        _set("engine.extraArgs", ["--enforce-eager", "--port=9000"]),
+        "spec.engine.extraArgs",
+        r.MSG_EXTRA_ARGS,
+    ),
+    ("max-model-len-tiny", _set("engine.maxModelLen", 8), "spec.engine.maxModelLen", None),
+    ("s3-bucket-too-short", _set("model.uri", "s3://ab/model"), "spec.model.uri", r.MSG_URI),
+    ("pvc-claim-uppercase", _set("model.uri", "pvc://Models/llama"), "spec.model.uri", r.MSG_URI),
+    ("extra-arg-too-long", _set("engine.extraArgs", ["x" * 1025]), "spec.engine.extraArgs[0]", None),
+    ("typo-field", _set("replica", 2), "spec.replica", None),
+    ("min-replicas-zero", _set("autoscaling.minReplicas", 0), "spec.autoscaling.minReplicas", None),
+    ("drain-negative", _set("runtime.drainTimeoutSeconds", -1), "spec.runtime.drainTimeoutSeconds", None),
+    (
+        "prometheus-not-url",
+        _set("autoscaling.prometheusAddress", "prometheus:9090"),
+        "spec.autoscaling.prometheusAddress",
+        None,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "field", "cel_message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_invalid_spec_names_the_field(
+    llama_spec: dict[str, Any], mutate: Mutation, field: str, cel_message: str | None
+) -> None:
+    mutate(llama_spec)
+    with pytest.raises(ValidationError) as caught:
+        InferenceServiceSpec.model_validate(llama_spec)
+    messages = error_messages(caught.value)
+    assert any(message.startswith(field) for message in messages), messages
+    if cel_message is not None:
+        assert cel_message in messages
+        assert field.split("[")[0] in cel_message or cel_message.startswith(field)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "cel_message"), [(c[1], c[3]) for c in CASES if c[3]], ids=[c[0] for c in CASES if c[3]]
+)
+def test_cel_rule_rejects_the_same_object_with_the_same_message(
+    llama_spec: dict[str, Any],
+    mutate: Mutation,
+    cel_message: str,
+    cel_check: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    mutate(llama_spec)
+    violations = cel_check(_object("llama", llama_spec))
+    assert violations == [cel_message]
+
+
+def test_valid_examples_pass_every_cel_rule(
+    example: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    assert cel_check(example) == []
+
+
+@pytest.mark.parametrize("name", ["Llama", "1-llama", "llama_3", "x" * 64, "llama."])
+def test_cel_rejects_names_that_cannot_name_a_service(
+    llama_spec: dict[str, Any], name: str, cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    assert cel_check(_object(name, llama_spec)) == [r.MSG_NAME]
+
+
+def test_cel_accepts_a_63_character_name(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    assert cel_check(_object("a" * 63, llama_spec)) == []
+
+
+def test_tensor_parallel_may_be_omitted_and_follows_the_gpu_count(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    del llama_spec["engine"]["tensorParallelSize"]
+    assert InferenceServiceSpec.model_validate(llama_spec).tensor_parallel_size == 4
+    assert cel_check(_object("llama", llama_spec)) == []
+
+
+def test_secret_env_from_a_secret_is_allowed(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    ref = {"secretKeyRef": {"name": "hf", "key": "token"}}
+    llama_spec["runtime"] = {"env": [{"name": "HF_TOKEN", "valueFrom": ref}, {"name": "LOG", "value": "1"}]}
+    InferenceServiceSpec.model_validate(llama_spec)
+    assert cel_check(_object("llama", llama_spec)) == []
+
+
+def test_gpu_memory_utilization_of_exactly_one_is_allowed(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    llama_spec["engine"]["gpuMemoryUtilization"] = 1
+    assert InferenceServiceSpec.model_validate(llama_spec).engine.gpu_memory_utilization == 1.0
+    assert cel_check(_object("llama", llama_spec)) == []
+
+
+def test_describe_joins_every_error_on_one_line(llama_spec: dict[str, Any]) -> None:
+    llama_spec["model"]["uri"] = "gs://x/y"
+    llama_spec["engine"]["dtype"] = "float64"
+    with pytest.raises(ValidationError) as caught:
+        InferenceServiceSpec.model_validate(llama_spec)
+    text = describe(caught.value)
+    assert r.MSG_URI in text and "spec.engine.dtype: Input should be" in text and "\n" not in text
+
+
+def _object(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": "llm"},
+        "spec": copy.deepcopy(spec),
+    }

@@ -1,0 +1,319 @@
+"""The Helm chart, rendered by the real Helm binary (built from e2e/tools into .pagoda-dev/bin by make tools).
+
+No cluster here: `helm lint` and `helm template` for every scenario under charts/pagoda/ci/, checked for the
+contracts of the chart (labels, RBAC without wildcards that covers every call the operator makes, CRDs
+identical to the generated ones, the keep switch, a strict schema, no default resource limits, commented
+values). The rendered manifests are validated by the real API server in e2e/test_chart.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pagoda.operator.resources import CHILD_KINDS
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "pagoda"
+SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
+KUBE_VERSION = "1.36.3"  # the version e2e/tools pins; `helm template` assumes an old default otherwise
+CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
+
+
+def helm_bin() -> str:
+    candidates = [Path(os.environ.get("PAGODA_BIN") or REPO / ".pagoda-dev" / "bin") / "helm"]
+    for path in candidates:
+        if os.access(path, os.X_OK):
+            return str(path)
+    found = shutil.which("helm")
+    if found:
+        return found
+    pytest.fail(f"helm not found in {candidates[0].parent} or on PATH: run `make tools`", pytrace=False)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([helm_bin(), *args], capture_output=True, text=True, timeout=120)
+    if check and result.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+def render(*args: str, namespace: str = "pagoda-system", release: str = "pagoda") -> list[dict[str, Any]]:
+    out = helm("template", release, str(CHART), "-n", namespace, "--kube-version", KUBE_VERSION, *args).stdout
+    return [doc for doc in yaml.safe_load_all(out) if doc]
+
+
+def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def only(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = find(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+@pytest.fixture(
+    scope="module", params=SCENARIOS, ids=[p.name.removesuffix("-values.yaml") for p in SCENARIOS]
+)
+def scenario(request: pytest.FixtureRequest) -> tuple[Path, list[dict[str, Any]]]:
+    path: Path = request.param
+    return path, render("-f", str(path))
+
+
+@pytest.fixture(scope="module")
+def default_docs() -> list[dict[str, Any]]:
+    return render()
+
+
+def test_scenarios_exist() -> None:
+    names = {p.name for p in SCENARIOS}
+    assert {"default-values.yaml", "monitoring-values.yaml", "namespaced-values.yaml"} <= names
+
+
+@pytest.mark.parametrize("values", [None, *SCENARIOS], ids=["no-values", *[p.name for p in SCENARIOS]])
+def test_helm_lint_strict(values: Path | None) -> None:
+    args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION]
+    result = helm(*args, *(["-f", str(values)] if values else []), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_every_object_carries_the_chart_labels(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, docs = scenario
+    assert docs
+    for doc in docs:
+        labels = doc["metadata"].get("labels", {})
+        where = f"{doc['kind']}/{doc['metadata']['name']}"
+        assert labels.get("app.kubernetes.io/name") == "pagoda", where
+        assert labels.get("app.kubernetes.io/instance") == "pagoda", where
+        assert labels.get("app.kubernetes.io/managed-by") == "Helm", where
+        assert labels.get("app.kubernetes.io/version") == CHART_META["appVersion"], where
+        assert labels.get("helm.sh/chart") == f"pagoda-{CHART_META['version']}", where
+
+
+def test_selectors_hold_nothing_version_dependent(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, docs = scenario
+    deployment = only(docs, "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert set(selector) == {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/component",
+    }
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    assert only(docs, "Service")["spec"]["selector"] == selector
+
+
+def test_rbac_has_no_wildcards(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, docs = scenario
+    roles = find(docs, "ClusterRole") + find(docs, "Role")
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            for field in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: wildcard in {field}"
+            assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+
+
+def grants(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource) -> verbs granted by the roles of `kind` (Role or ClusterRole)."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for role in find(docs, kind):
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    out.setdefault((group, resource), set()).update(rule["verbs"])
+    return out
+
+
+def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str, Any]]) -> None:
+    granted = grants(default_docs, "ClusterRole")
+    expected: dict[tuple[str, str], set[str]] = {
+        ("pagoda.dev", "inferenceservices"): {"get", "list", "watch"},
+        ("pagoda.dev", "inferenceservices/status"): {"patch"},
+        ("", "events"): {"create"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+    }
+    for api_version, _kind, plural in CHILD_KINDS:  # the operator's own list of child kinds
+        group = api_version.rpartition("/")[0]
+        expected[(group, plural)] = {"list", "watch", "create", "patch", "delete"}
+    assert granted == expected
+
+
+def test_secret_check_is_opt_in() -> None:
+    assert ("", "secrets") not in grants(render(), "ClusterRole")
+    assert grants(render("--set", "rbac.secretExistenceCheck=true"), "ClusterRole")[("", "secrets")] == {
+        "get"
+    }
+
+
+def test_namespaced_scenario_writes_only_in_its_namespace() -> None:
+    docs = render("-f", str(CHART / "ci" / "namespaced-values.yaml"))
+    role = only(docs, "Role")
+    binding = only(docs, "RoleBinding")
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "pagoda-tenant-a"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pagoda", "namespace": "pagoda-system"}]
+    cluster_wide = grants(docs, "ClusterRole")
+    assert all(verbs <= {"list", "watch"} for verbs in cluster_wide.values()), cluster_wide
+    assert ("", "namespaces") in cluster_wide  # kopf lists namespaces when it watches only some
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=pagoda-tenant-a" in args
+
+
+def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> None:
+    deployment = only(default_docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "pagoda"
+    (container,) = pod["containers"]
+    assert container["image"] == f"ghcr.io/pagoda-dev/pagoda-operator:{CHART_META['appVersion']}"
+    assert container["command"] == ["pagoda-operator"]
+    assert container["args"] == ["--metrics-port=8080"]
+    assert "resources" not in container, "no default resource requests or limits for the operator"
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    service = only(default_docs, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+
+
+def test_image_digest_wins_over_tag() -> None:
+    docs = render("-f", str(CHART / "ci" / "external-crds-values.yaml"))
+    (container,) = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["image"].startswith("registry.example.com/mirror/pagoda-operator@sha256:")
+    assert not find(docs, "CustomResourceDefinition") and not find(docs, "ServiceAccount")
+
+
+def test_chart_crds_are_the_generated_ones() -> None:
+    generated = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
+    assert generated, "crds/ is empty: run `make crds`"
+    for name in generated:
+        copy = CHART / "files" / "crds" / name
+        assert copy.is_file(), f"{copy} is missing: run `make crds`"
+        assert copy.read_bytes() == (REPO / "crds" / name).read_bytes(), f"{copy} drifted: run `make crds`"
+
+
+def test_rendered_crd_is_the_generated_crd_plus_labels(default_docs: list[dict[str, Any]]) -> None:
+    generated = yaml.safe_load((REPO / "crds" / "pagoda.dev_inferenceservices.yaml").read_text())
+    rendered = only(default_docs, "CustomResourceDefinition")
+    assert rendered["spec"] == generated["spec"]
+    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
+    assert rendered["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_crd_keep_switch() -> None:
+    kept = only(render("--set", "crds.keep=true"), "CustomResourceDefinition")
+    assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    dropped = only(render("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in (dropped["metadata"].get("annotations") or {})
+    assert not find(render("--set", "crds.install=false"), "CustomResourceDefinition")
+
+
+def test_dashboards_are_configmaps_for_the_grafana_sidecar(default_docs: list[dict[str, Any]]) -> None:
+    maps = find(default_docs, "ConfigMap")
+    files = sorted((CHART / "files" / "dashboards").glob("*.json"))
+    assert len(maps) == len(files) >= 2
+    for cm in maps:
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        ((key, text),) = cm["data"].items()
+        source = CHART / "files" / "dashboards" / key.removeprefix("pagoda-")
+        assert json.loads(text) == json.loads(source.read_text())
+    assert not find(render("--set", "dashboards.enabled=false"), "ConfigMap")
+
+
+def test_monitoring_scenario_objects() -> None:
+    docs = render("-f", str(CHART / "ci" / "monitoring-values.yaml"))
+    monitor = only(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+    assert monitor["spec"]["selector"]["matchLabels"] == only(docs, "Service")["spec"]["selector"]
+    rule = only(docs, "PrometheusRule")
+    alerts = [r for group in rule["spec"]["groups"] for r in group["rules"]]
+    assert all(a["labels"]["team"] == "ml-platform" for a in alerts)
+    assert not find(render(), "ServiceMonitor") and not find(render(), "PrometheusRule")
+
+
+@pytest.mark.parametrize(
+    ("setting", "field"),
+    [
+        ("operator.replicas=2", "replicas"),
+        ("image.pullPolicy=Sometimes", "pullPolicy"),
+        ("crds.keep=maybe", "keep"),
+        ("operator.watchNamespace=Not_A_Namespace", "watchNamespace"),
+        ("prometheusRule.kvCacheUsageRatio=1.5", "kvCacheUsageRatio"),
+        ("metrics.serviceMonitor.interval=often", "interval"),
+    ],
+)
+def test_schema_rejects_bad_values_naming_the_field(setting: str, field: str) -> None:
+    result = helm(
+        "template", "pagoda", str(CHART), "--kube-version", KUBE_VERSION, "--set", setting, check=False
+    )
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert field in result.stderr
+
+
+def _schema_leaves(schema: dict[str, Any], values: Any, prefix: str = "") -> set[str]:
+    """Dotted paths of the schema's properties, down to values that are not (non-empty) mappings."""
+    leaves: set[str] = set()
+    for key, sub in schema.get("properties", {}).items():
+        path = f"{prefix}{key}"
+        value = values.get(key) if isinstance(values, dict) else None
+        if "properties" in sub and isinstance(value, dict) and value:
+            leaves |= _schema_leaves(sub, value, path + ".")
+        else:
+            leaves.add(path)
+    return leaves
+
+
+def _values_key_lines(lines: list[str]) -> dict[str, int]:
+    """Dotted path -> line index of every mapping key in values.yaml (block style only)."""
+    found: dict[str, int] = {}
+    stack: list[tuple[int, str]] = []
+    for index, line in enumerate(lines):
+        match = re.match(r"^( *)([A-Za-z_][\w.-]*):", line)
+        if not match:
+            continue
+        indent = len(match.group(1))
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match.group(2)))
+        found[".".join(key for _, key in stack)] = index
+    return found
+
+
+def test_values_yaml_documents_every_schema_key_with_a_comment() -> None:
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    keys = _values_key_lines(lines)
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    leaves = _schema_leaves(schema, yaml.safe_load("\n".join(lines))) - {"global"}
+    missing = sorted(leaves - set(keys))
+    assert not missing, f"keys in the schema but not in values.yaml: {missing}"
+    undocumented = sorted(path for path in leaves if not lines[keys[path] - 1].lstrip().startswith("#"))
+    assert not undocumented, f"values.yaml keys without a comment above them: {undocumented}"
+
+
+def test_every_values_key_is_in_the_schema() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if "properties" not in node:
+            return
+        assert node.get("additionalProperties") is False, f"{path or 'root'}: schema is not strict"
+        for key, sub in value.items():
+            assert key in node["properties"], f"{path}{key} is not in values.schema.json"
+            walk(sub, node["properties"][key], f"{path}{key}.")
+
+    walk(values, schema, "")

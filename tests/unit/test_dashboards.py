@@ -1,0 +1,189 @@
+"""The Grafana dashboards: structure, variables, and every panel query parsed by Prometheus' own parser.
+
+Parsing needs no data: every query (variables substituted the way Grafana does) is wrapped in a recording
+rule and checked with `promtool check rules`. Whether each query returns data from a real runtime and
+operator is proved in e2e/test_observability.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARDS = sorted((REPO / "charts" / "pagoda" / "files" / "dashboards").glob("*.json"))
+
+# Metrics each dashboard may use: the stable contract names (docs/observability.md), vLLM's, and
+# kube-state-metrics' (named as such: only those panels need kube-state-metrics).
+RUNTIME_METRICS = {
+    "pagoda_queue_depth",
+    "pagoda_running_requests",
+    "pagoda_kv_cache_usage_ratio",
+    "pagoda_ready",
+    "pagoda_draining",
+    "pagoda_model_load_seconds",
+    "pagoda_requests_rejected_draining_total",
+}
+OPERATOR_METRICS = {
+    "pagoda_operator_reconciles_total",
+    "pagoda_operator_reconcile_duration_seconds_bucket",
+    "pagoda_operator_api_writes_total",
+    "pagoda_operator_reconcile_errors_total",
+}
+KUBE_STATE_METRICS = {"kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready"}
+
+
+def load(path: Path) -> dict[str, Any]:
+    board: dict[str, Any] = json.loads(path.read_text())
+    return board
+
+
+def targets(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title, expr) of every query of every panel."""
+    return [(panel["title"], target["expr"]) for panel in board["panels"] for target in panel["targets"]]
+
+
+def substitute(expr: str, namespace: str = "ns", service: str = "svc", rate_interval: str = "1m") -> str:
+    """Replace Grafana's variables the way Grafana does before it sends the query."""
+    return (
+        expr.replace("$__rate_interval", rate_interval)
+        .replace("$__interval", "15s")
+        .replace("$__range", "1h")
+        .replace("$namespace", namespace)
+        .replace("$service", service)
+    )
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a query (identifiers followed by a selector or range), ignoring functions."""
+    names = set(re.findall(r"([a-zA-Z_:][a-zA-Z0-9_:]*)\s*\{", expr))
+    return {n for n in names if n not in {"by", "without", "on", "ignoring"}}
+
+
+@pytest.fixture(params=DASHBOARDS, ids=[p.stem for p in DASHBOARDS])
+def board(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return load(request.param)
+
+
+def test_the_two_dashboards_exist() -> None:
+    assert {p.stem for p in DASHBOARDS} == {"inferenceservice", "operator"}
+    uids = [load(p)["uid"] for p in DASHBOARDS]
+    assert len(set(uids)) == len(uids)
+
+
+def test_variables(board: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert set(variables) == {"datasource", "namespace", "service"}
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["namespace"]["definition"].startswith("label_values(")
+    assert '{namespace="$namespace"}' in variables["service"]["definition"]
+
+
+def test_panels_query_prometheus_through_the_variable(board: dict[str, Any]) -> None:
+    assert board["panels"]
+    for panel in board["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"], panel["title"]
+        assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"])
+        assert panel.get("description"), f"{panel['title']}: no description"
+
+
+def test_every_query_is_scoped_to_the_selected_service(board: dict[str, Any]) -> None:
+    for title, expr in targets(board):
+        for selector in re.findall(r"\{([^}]*)\}", expr):
+            if (
+                "deployment=" in selector
+            ):  # kube-state-metrics names the Deployment, which has the service's name
+                assert 'namespace="$namespace", deployment="$service"' in selector, title
+            else:
+                assert 'namespace="$namespace", service="$service"' in selector, title
+
+
+def test_panels_do_not_overlap(board: dict[str, Any]) -> None:
+    taken: set[tuple[int, int]] = set()
+    for panel in board["panels"]:
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        cells = {
+            (x, y) for x in range(pos["x"], pos["x"] + pos["w"]) for y in range(pos["y"], pos["y"] + pos["h"])
+        }
+        assert not cells & taken, f"{panel['title']} overlaps another panel"
+        taken |= cells
+
+
+def test_inferenceservice_dashboard_covers_the_issue() -> None:
+    board = load(REPO / "charts/pagoda/files/dashboards/inferenceservice.json")
+    text = json.dumps(board)
+    for metric in (
+        "vllm:request_success_total",
+        "pagoda_queue_depth",
+        "pagoda_running_requests",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:generation_tokens_total",
+        "pagoda_kv_cache_usage_ratio",
+        "vllm:prefix_cache_hits_total",
+        "kube_deployment_spec_replicas",
+        "kube_deployment_status_replicas_ready",
+    ):
+        assert metric in text, metric
+    titles = {p["title"] for p in board["panels"]}
+    assert {"Request rate", "Errors", "Scaling events", "Replicas: desired vs ready"} <= titles
+
+
+def test_metric_names_are_known() -> None:
+    allowed_runtime = RUNTIME_METRICS | KUBE_STATE_METRICS | {"up"}
+    for path in DASHBOARDS:
+        for title, expr in targets(load(path)):
+            for name in metric_names(expr):
+                if path.stem == "operator":
+                    assert name in OPERATOR_METRICS | {
+                        "up",
+                        "process_resident_memory_bytes",
+                        "process_cpu_seconds_total",
+                    }, (title, name)
+                else:
+                    assert name in allowed_runtime or name.startswith("vllm:"), (title, name)
+
+
+def test_operator_metric_names_match_the_operator() -> None:
+    from prometheus_client import REGISTRY
+
+    import pagoda.operator.metrics  # noqa: F401  (registers the operator's metrics)
+
+    exposed = {sample.name for family in REGISTRY.collect() for sample in family.samples}
+    exposed |= {
+        f"{family.name}_total" for family in REGISTRY.collect() if family.type == "counter"
+    }  # a counter's family name drops _total
+    for name in OPERATOR_METRICS:
+        assert name in exposed, name
+
+
+def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: `make test` installs Debian's prometheus package"
+    rules = []
+    for path in DASHBOARDS:
+        board = load(path)
+        exprs = [expr for _, expr in targets(board)]
+        exprs += [v["definition"] for v in board["templating"]["list"] if v["type"] == "query"]
+        for index, expr in enumerate(exprs):
+            if expr.startswith("label_values("):
+                # Grafana's label_values(selector, label): the selector part is PromQL.
+                expr = expr.removeprefix("label_values(").rsplit(",", 1)[0]
+            rules.append({"record": f"pagoda:{path.stem}:query{index}", "expr": substitute(expr)})
+    (tmp_path / "queries.yaml").write_text(
+        yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]})
+    )
+    result = subprocess.run(
+        [promtool, "check", "rules", "queries.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout

@@ -1,0 +1,84 @@
+"""The de-duplicating work queue: coalescing, no overlapping passes of one key, retries with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from pagoda.operator.reconcile.core import Outcome
+from pagoda.operator.reconcile.workqueue import WorkQueue, work
+
+
+def test_duplicate_keys_are_coalesced() -> None:
+    async def scenario() -> list[tuple[str, str]]:
+        queue = WorkQueue()
+        for _ in range(5):
+            queue.add(("ns", "a"))
+        queue.add(("ns", "b"))
+        got = [await queue.get(), await queue.get()]
+        assert len(queue) == 0
+        return got
+
+    assert asyncio.run(scenario()) == [("ns", "a"), ("ns", "b")]
+
+
+def test_key_added_while_processing_is_requeued_once_after_done() -> None:
+    async def scenario() -> None:
+        queue = WorkQueue()
+        queue.add(("ns", "a"))
+        key = await queue.get()
+        queue.add(key)
+        queue.add(key)
+        assert len(queue) == 0  # not handed out while it is being processed
+        queue.done(key)
+        assert len(queue) == 1
+        assert await queue.get() == key
+        queue.done(key)
+        assert queue.idle()
+
+    asyncio.run(scenario())
+
+
+def test_workers_never_overlap_one_key_and_retry_failures() -> None:
+    calls: list[str] = []
+    running: set[str] = set()
+    overlap = threading.Event()
+    lock = threading.Lock()
+
+    def reconcile(namespace: str, name: str) -> Outcome:
+        with lock:
+            if name in running:
+                overlap.set()
+            running.add(name)
+            calls.append(name)
+            first_failure = name == "flaky" and calls.count("flaky") == 1
+        try:
+            if first_failure:
+                raise RuntimeError("API outage")
+            return Outcome("unchanged")
+        finally:
+            with lock:
+                running.discard(name)
+
+    async def scenario() -> None:
+        queue = WorkQueue()
+        executor = ThreadPoolExecutor(max_workers=4)
+        workers = [asyncio.create_task(work(queue, reconcile, executor)) for _ in range(4)]
+        queue.add(("ns", "flaky"))
+        for _ in range(20):
+            queue.add(("ns", "a"))
+            await asyncio.sleep(0)
+        async with asyncio.timeout(10):
+            while calls.count("flaky") < 2 or not queue.idle():  # noqa: ASYNC110 (polls another thread)
+                await asyncio.sleep(0.01)
+        for task in workers:
+            task.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        executor.shutdown()
+        assert queue.failures == {}
+
+    asyncio.run(scenario())
+    assert not overlap.is_set()
+    assert calls.count("flaky") == 2  # failed once, retried after the 1 s backoff, then succeeded
+    assert 1 <= calls.count("a") <= 20

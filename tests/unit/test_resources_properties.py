@@ -1,0 +1,202 @@
+"""Properties every set of children keeps, over the examples and variants of them."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from typing import Any
+
+import pytest
+
+from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.resources import CHILD_KINDS, desired_children, labels, selector, selector_string
+from pagoda.operator.resources.pod import termination_grace_seconds
+
+OWNER_LABELS = {
+    "app.kubernetes.io/name": "pagoda-runtime",
+    "app.kubernetes.io/managed-by": "pagoda-operator",
+}
+
+
+def _variants(base: dict[str, Any]) -> list[dict[str, Any]]:
+    """The base spec with scaling, monitoring and credentials switched on and off."""
+    out = []
+    scalings = [{"autoscaling": {"maxReplicas": 3}}, {"replicas": 2}, {}]
+    for scaling, monitor, secret in itertools.product(scalings, (True, False), (True, False)):
+        spec = copy.deepcopy(base)
+        spec.pop("autoscaling", None)
+        spec.pop("replicas", None)
+        spec.update(scaling)
+        spec["monitoring"] = {"serviceMonitor": {"enabled": monitor}}
+        if not secret:
+            spec["model"].pop("credentialsSecret", None)
+        out.append(spec)
+    return out
+
+
+def _children(name: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return desired_children(name, "ns-1", InferenceServiceSpec.model_validate(spec))
+
+
+def _by_kind(children: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {child["kind"]: child for child in children}
+
+
+def test_labels_and_selector_contract() -> None:
+    assert labels("a") == {
+        "app.kubernetes.io/name": "pagoda-runtime",
+        "app.kubernetes.io/instance": "a",
+        "app.kubernetes.io/managed-by": "pagoda-operator",
+        "pagoda.dev/inferenceservice": "a",
+    }
+    assert selector("a") == {"app.kubernetes.io/name": "pagoda-runtime", "pagoda.dev/inferenceservice": "a"}
+    assert selector_string("a") == "app.kubernetes.io/name=pagoda-runtime,pagoda.dev/inferenceservice=a"
+
+
+def test_every_variant_keeps_the_properties(example: dict[str, Any]) -> None:
+    name = example["metadata"]["name"]
+    for spec in _variants(example["spec"]):
+        children = _children(name, spec)
+        kinds = [(child["apiVersion"], child["kind"]) for child in children]
+        assert len(set(kinds)) == len(kinds)
+        assert set(kinds) <= {(api, kind) for api, kind, _ in CHILD_KINDS}
+        for child in children:
+            meta = child["metadata"]
+            assert meta["name"] == name and meta["namespace"] == "ns-1"
+            assert labels(name).items() <= meta["labels"].items(), child["kind"]
+            assert "ownerReferences" not in meta
+        by_kind = _by_kind(children)
+        _check_selectors(name, by_kind)
+        _check_scaling(spec, by_kind)
+        assert ("ServiceMonitor" in by_kind) is spec["monitoring"]["serviceMonitor"]["enabled"]
+
+
+def _check_selectors(name: str, by_kind: dict[str, dict[str, Any]]) -> None:
+    deployment = by_kind["Deployment"]
+    for selected in (
+        deployment["spec"]["selector"]["matchLabels"],
+        by_kind["Service"]["spec"]["selector"],
+        by_kind["PodDisruptionBudget"]["spec"]["selector"]["matchLabels"],
+    ):
+        assert selected == selector(name)
+        assert not any("version" in key or "revision" in key or "hash" in key for key in selected)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector(name).items() <= pod_labels.items()
+
+
+def _check_scaling(spec: dict[str, Any], by_kind: dict[str, dict[str, Any]]) -> None:
+    deployment = by_kind["Deployment"]["spec"]
+    if "autoscaling" in spec:
+        assert "replicas" not in deployment, "KEDA's HPA owns replicas of an autoscaled Deployment"
+        target = by_kind["ScaledObject"]["spec"]["scaleTargetRef"]
+        assert target == {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "name": by_kind["Deployment"]["metadata"]["name"],
+        }
+    else:
+        assert "ScaledObject" not in by_kind
+        assert deployment["replicas"] == spec.get("replicas", 1)
+
+
+def test_gpu_request_matches_tensor_parallelism(example: dict[str, Any]) -> None:
+    spec = InferenceServiceSpec.model_validate(example["spec"])
+    container = _by_kind(_children("x", example["spec"]))["Deployment"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    gpus = container["resources"]["limits"][spec.resources.gpu.resource_name]
+    assert gpus == container["resources"]["requests"][spec.resources.gpu.resource_name]
+    args = container["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == gpus == str(spec.resources.gpu.count)
+
+
+def test_pod_is_restricted_and_drains(example: dict[str, Any]) -> None:
+    spec = InferenceServiceSpec.model_validate(example["spec"])
+    pod = _by_kind(_children("x", example["spec"]))["Deployment"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False and security["capabilities"] == {"drop": ["ALL"]}
+    assert security["runAsNonRoot"] is True and pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "privileged" not in security
+    sleep = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = int(container["args"][container["args"].index("--drain-timeout") + 1])
+    assert pod["terminationGracePeriodSeconds"] > sleep + drain
+    assert pod["terminationGracePeriodSeconds"] == termination_grace_seconds(spec)
+    assert container["livenessProbe"]["httpGet"]["path"] == "/livez"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= spec.runtime.startup_timeout_seconds
+    assert container["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    assert mounts["/var/cache/pagoda"] in volumes
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_service_and_pdb(example: dict[str, Any]) -> None:
+    spec = InferenceServiceSpec.model_validate(example["spec"])
+    by_kind = _by_kind(_children("x", example["spec"]))
+    (port,) = by_kind["Service"]["spec"]["ports"]
+    assert port == {"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}
+    assert by_kind["PodDisruptionBudget"]["spec"]["maxUnavailable"] == spec.disruption.max_unavailable
+
+
+def test_scaled_object_queries_only_this_service(llama_spec: dict[str, Any]) -> None:
+    llama_spec["autoscaling"]["kvCacheUsage"] = {"targetRatio": 0.8}
+    scaled = _by_kind(desired_children("llama", "team-a", InferenceServiceSpec.model_validate(llama_spec)))[
+        "ScaledObject"
+    ]["spec"]
+    queue, kv = scaled["triggers"]
+    assert queue["metadata"]["query"] == 'sum(pagoda_queue_depth{namespace="team-a",service="llama"})'
+    assert queue["metricType"] == "AverageValue" and queue["metadata"]["threshold"] == "5"
+    assert kv["metadata"]["query"] == 'max(pagoda_kv_cache_usage_ratio{namespace="team-a",service="llama"})'
+    assert kv["metadata"]["threshold"] == "0.8"
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (1, 4)
+    behavior = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == scaled["cooldownPeriod"] == 300
+
+
+def test_secrets_are_referenced_never_inlined(llama_spec: dict[str, Any]) -> None:
+    llama_spec["runtime"] = {"apiKeySecret": {"name": "api"}}
+    container = _by_kind(desired_children("l", "n", InferenceServiceSpec.model_validate(llama_spec)))[
+        "Deployment"
+    ]["spec"]["template"]["spec"]["containers"][0]
+    assert container["envFrom"] == [{"secretRef": {"name": "hf-token"}}]
+    assert {
+        "name": "PAGODA_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "api", "key": "api-key"}},
+    } in container["env"]
+
+
+def test_pvc_model_is_mounted_where_the_runtime_looks(all_examples: dict[str, dict[str, Any]]) -> None:
+    spec = all_examples["mixtral-pvc"]["spec"]
+    pod = _by_kind(_children("m", spec))["Deployment"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["model-source"] == {
+        "name": "model-source",
+        "mountPath": "/mnt/models/models",
+        "readOnly": True,
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-source"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
+    assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "vllm-cache"}
+
+
+def test_builders_are_pure(llama_spec: dict[str, Any]) -> None:
+    spec = InferenceServiceSpec.model_validate(llama_spec)
+    first = desired_children("a", "b", spec)
+    first[0]["spec"]["template"]["spec"]["containers"][0]["args"].append("mutated")
+    assert desired_children("a", "b", spec) != first
+    assert desired_children("a", "b", spec) == desired_children("a", "b", spec)
+
+
+@pytest.mark.parametrize("image", ["registry.local/pagoda/runtime:dev", None])
+def test_image_override(llama_spec: dict[str, Any], image: str | None) -> None:
+    if image:
+        llama_spec["runtime"] = {"image": image}
+    deployment = desired_children(
+        "a", "b", InferenceServiceSpec.model_validate(llama_spec), default_image="d:1"
+    )[0]
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (image or "d:1")
