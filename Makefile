@@ -43,6 +43,14 @@ $(TOOLS_STAMP):
 .PHONY: tools
 tools: $(TOOLS_STAMP) ## Build the pinned Go binaries (kube-apiserver, etcd, kwok, helm, ...) into .pagoda-dev/bin/.
 
+.PHONY: prometheus
+prometheus: ## Install Debian's prometheus package (prometheus and promtool) when missing.
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus; \
+	fi
+
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's copy from the pydantic models in operator/api.
 	$(PY) -m pagoda.operator.api.crdgen
@@ -61,8 +69,8 @@ lint: venv ## ruff and mypy (strict on operator/ and runtime/).
 	MYPYPATH=$(DEV)/mypy-src $(PY) -m mypy -p pagoda.operator -p pagoda.runtime
 
 .PHONY: test-unit
-test-unit: venv ## Tier 1: unit tests (no cluster, no engine).
-	$(PYTEST) tests/unit
+test-unit: venv tools prometheus ## Tier 1: unit tests (no cluster, no engine; helm and promtool for the chart).
+	PAGODA_BIN=$(BIN) $(PYTEST) tests/unit
 
 .PHONY: test-integration
 test-integration: venv tools ## Tier 2: the operator against the real local control plane.
@@ -73,11 +81,11 @@ test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the 
 	$(PYTEST) tests/runtime
 
 .PHONY: test-e2e
-test-e2e: venv tools ## Tier 4: chart, operator, samples, Prometheus, kubectl together.
+test-e2e: venv tools prometheus ## Tier 4: chart, operator, samples, Prometheus, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
 .PHONY: test
-test: venv tools lint ## Install everything and run every test tier.
+test: venv tools prometheus lint ## Install everything and run every test tier.
 	$(MAKE) --no-print-directory test-unit test-integration test-runtime test-e2e
 
 .PHONY: cluster-up

@@ -3,7 +3,8 @@
     make bench-runtime            (or: .venv/bin/python benchmarks/runtime_vs_vllm.py [--rounds N])
 
 1. Starts `pagoda-runtime serve` and then `python -m vllm.entrypoints.openai.api_server` with the same
-   engine flags, each timed from process start to its first 200 on /v1/models.
+   engine flags, each with its own TMPDIR and vLLM cache, after one warm-up import of vLLM; each timed from
+   process start to its first 200 on /v1/models.
 2. Alternates paired rounds between the two (A/B, B/A, ..., so load from other work hits both alike):
    throughput = 32 concurrent streams of 64 tokens; TTFT = sequential streamed requests, first token.
 3. Prefix caching: a third server (Pagoda, --no-enable-prefix-caching) vs the first (caching on), both
@@ -40,6 +41,8 @@ def pct(values: list[float], q: float) -> float:
 class Server:
     def __init__(self, name: str, argv: list[str], port: int, workdir: Path) -> None:
         self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
+        workdir = workdir / name  # own TMPDIR and vLLM cache: no server starts on another's warm cache
+        workdir.mkdir()
         env = dict(os.environ, TMPDIR=str(workdir), VLLM_CACHE_ROOT=str(workdir / "vc"), HF_HUB_OFFLINE="1")
         env.setdefault("VLLM_NO_USAGE_STATS", "1")
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -143,6 +146,8 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="pagoda-bench-"))
     model = work / "tiny"
     subprocess.run([str(BIN / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
+    # Read vLLM's and torch's files once so the first server timed does not pay for a cold page cache.
+    subprocess.run([sys.executable, "-c", "import vllm.entrypoints.openai.api_server"], check=True)
 
     def pagoda(port: int, *flags: str) -> list[str]:
         head = [str(BIN / "pagoda-runtime"), "serve", "--model", f"file://{model}", "--served-model-name"]

@@ -107,6 +107,8 @@ def _reconcile(
         desired = [with_owner(m, owner) for m in desired_children(name, namespace, spec)]
     except ValidationError as exc:
         problems.append(invalid_spec(exc))
+    except (ValueError, TypeError, KeyError) as exc:  # a spec the builders cannot turn into objects
+        problems.append(Problem("BuildFailed", f"Could not build the child objects: {exc!r}", retry=False))
 
     live = cache.children(namespace, name) if cache else _list_children(kube, namespace, name)
     if desired is not None:
