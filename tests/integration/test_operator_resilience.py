@@ -63,10 +63,14 @@ def test_deleted_and_hand_edited_children_are_restored(
         ),
         "the PDB's maxUnavailable restored",
     )
-    events = client.CoreV1Api(cluster_api).list_namespaced_event(namespace).items
-    reasons = {(e.reason, e.message) for e in events if e.involved_object.name == "drift"}
-    assert ("Updated", "Updated Deployment drift") in reasons
-    assert ("Updated", "Updated PodDisruptionBudget drift") in reasons
+    core = client.CoreV1Api(cluster_api)
+
+    def reasons() -> set[tuple[str, str]]:
+        events = core.list_namespaced_event(namespace).items
+        return {(e.reason, e.message) for e in events if e.involved_object.name == "drift"}
+
+    wanted = {("Updated", "Updated Deployment drift"), ("Updated", "Updated PodDisruptionBudget drift")}
+    wait_until(lambda: wanted <= reasons(), "an Updated Event per repaired child")
 
 
 def test_no_api_writes_when_idle(
@@ -127,8 +131,14 @@ def test_missing_secret_is_degraded_until_created(
 
     cond = wait_until(degraded, "Degraded=True")
     assert cond["reason"] == "SecretNotFound" and "hf-token" in cond["message"]
-    events = client.CoreV1Api(cluster_api).list_namespaced_event(namespace).items
-    assert any(e.type == "Warning" and e.reason == "SecretNotFound" for e in events)
+    core = client.CoreV1Api(cluster_api)
+    wait_until(
+        lambda: any(
+            e.type == "Warning" and e.reason == "SecretNotFound"
+            for e in core.list_namespaced_event(namespace).items
+        ),
+        "a Warning Event SecretNotFound",
+    )
     client.CoreV1Api(cluster_api).create_namespaced_secret(
         namespace, {"metadata": {"name": "hf-token"}, "stringData": {"HF_TOKEN": "x"}}
     )
