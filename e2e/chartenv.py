@@ -1,19 +1,17 @@
 """Helpers for the chart's e2e tests: Helm against the local control plane, a kubeconfig for the chart's
-ServiceAccount (so that the real API server enforces the chart's RBAC), and the operator run with it."""
+ServiceAccount (so that the real API server enforces the chart's RBAC; the operator runs with it, as
+e2e.processes.OperatorProcess), and small kubectl helpers."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import yaml
 
 from e2e.cluster import Cluster
-from e2e.observability import free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "pagoda"
@@ -73,58 +71,6 @@ def service_account_kubeconfig(cluster: Cluster, namespace: str, account: str, p
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path
-
-
-class Operator:
-    """`pagoda-operator` as a local subprocess with the given kubeconfig."""
-
-    def __init__(self, kubeconfig: Path, workdir: Path, resync_seconds: float = 3) -> None:
-        self.kubeconfig, self.workdir, self.resync_seconds = kubeconfig, workdir, resync_seconds
-        self.port = free_port()
-        self.log_path = workdir / "operator.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Operator:
-        exe = Path(sys.executable).parent / "pagoda-operator"
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [str(exe), "--kubeconfig", str(self.kubeconfig), "--metrics-host", "127.0.0.1"]
-                + ["--metrics-port", str(self.port), "--resync-seconds", str(self.resync_seconds)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        wait_until(self.healthy, "the operator's /healthz", timeout=60)
-        return self
-
-    def healthy(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"pagoda-operator exited rc={self.proc.returncode}:\n{self.log()[-3000:]}")
-        try:
-            return httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def reconciles(self) -> float:
-        text = httpx.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("pagoda_operator_reconciles_total{")
-        )
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:

@@ -17,7 +17,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import matplotlib
 
@@ -26,7 +25,15 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from e2e.cluster import start_private  # noqa: E402
-from e2e.observability import RATE_INTERVAL, Load, Prometheus, Runtime, free_port, wait_until  # noqa: E402
+from e2e.observability import (  # noqa: E402
+    OPERATOR_LABELS,
+    RATE_INTERVAL,
+    RUNTIME_LABELS,
+    Load,
+    Prometheus,
+    Runtime,
+)
+from e2e.processes import VENV_BIN, ManagedProcess, OperatorProcess, wait_until  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARDS = REPO / "charts" / "pagoda" / "files" / "dashboards"
@@ -112,7 +119,7 @@ def main(argv: list[str]) -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="pagoda-dashboard-images-"))
     cluster = start_private()
-    procs: list[Any] = []
+    procs: list[ManagedProcess] = []
     try:
         rules = work / "rules.yaml"
         rules.write_text("groups: []\n")
@@ -129,36 +136,19 @@ def main(argv: list[str]) -> int:
         broken["metadata"]["name"] = "tiny-broken"
         broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([good, broken]))
-        port = free_port()
-        operator = subprocess.Popen(
-            [str(Path(sys.executable).parent / "pagoda-operator"), "--kubeconfig", str(cluster.kubeconfig)]
-            + ["--metrics-host", "127.0.0.1", "--metrics-port", str(port), "--resync-seconds", "2"],
-            stdout=(work / "operator.log").open("wb"),
-            stderr=subprocess.STDOUT,
-        )
-        prom.add_target(
-            f"127.0.0.1:{port}",
-            namespace="pagoda-system",
-            service="pagoda-metrics",
-            pod="pagoda-5c6d-xyz",
-            endpoint="metrics",
-        )
+        operator = OperatorProcess(cluster.kubeconfig, work / "operator.log", resync_seconds=2).start()
+        procs.append(operator)
+        prom.add_target(f"127.0.0.1:{operator.port}", **OPERATOR_LABELS)
         model = work / "tiny-model"
         subprocess.run(
-            [str(Path(sys.executable).parent / "pagoda-runtime"), "make-tiny-model", str(model)],
+            [str(VENV_BIN / "pagoda-runtime"), "make-tiny-model", str(model)],
             check=True,
             capture_output=True,
             timeout=300,
         )
         runtime = Runtime(model, work / "runtime").start()
         procs.append(runtime)
-        prom.add_target(
-            f"127.0.0.1:{runtime.port}",
-            namespace="ml",
-            service="tiny",
-            pod="tiny-7d9f-abcde",
-            endpoint="http",
-        )
+        prom.add_target(f"127.0.0.1:{runtime.port}", **RUNTIME_LABELS)
         start = time.time()
         load = Load(runtime.url, runtime.served_name).start()
         wait_until(lambda: time.time() - start > 150, "the load to run", timeout=200, interval=5)
@@ -168,8 +158,6 @@ def main(argv: list[str]) -> int:
         for name in VARIABLES:
             render(prom, name, start - 20, end, outdir / f"dashboard-{name}.png")
             print(f"Wrote {outdir / f'dashboard-{name}.png'}")
-        operator.terminate()
-        operator.wait(timeout=30)
     finally:
         for proc in reversed(procs):
             proc.stop()

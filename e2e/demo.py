@@ -10,42 +10,24 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
+import yaml
+
 from e2e import cluster as control_plane
+from e2e.processes import VENV_BIN, ManagedProcess, OperatorProcess, free_port, runtime_env
 
 REPO = control_plane.REPO_ROOT
 DEV = control_plane.DEV_DIR
 SAMPLE = REPO / "examples" / "tiny-cpu.yaml"
-NAMESPACE = "pagoda-demo"
-VENV_BIN = Path(sys.executable).parent
+NAMESPACE = yaml.safe_load(SAMPLE.read_text())["metadata"]["namespace"]
 
 
 def say(message: str) -> None:
     print(f"\n==> {message}", flush=True)
-
-
-def wait_until(what: str, check: object, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.5)
-    raise TimeoutError(f"Timed out after {timeout:.0f}s waiting for {what}")
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def start_control_plane() -> control_plane.Cluster:
@@ -57,34 +39,21 @@ def start_control_plane() -> control_plane.Cluster:
     return cluster
 
 
-def run_operator(cluster: control_plane.Cluster, log: Path) -> subprocess.Popen[bytes]:
+def run_operator(cluster: control_plane.Cluster, log: Path) -> OperatorProcess:
     say("Installing the CRD and starting the operator")
     cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
     cluster.kubectl(
         "wait", "--for=condition=Established", "crd/inferenceservices.pagoda.dev", "--timeout=60s"
     )
-    metrics_port = control_plane._procs.free_ports(1)[0]
-    with log.open("wb") as out:
-        operator = subprocess.Popen(
-            [
-                str(VENV_BIN / "pagoda-operator"),
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "--metrics-port",
-                str(metrics_port),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    wait_until("the operator's /healthz", lambda: http_ok(f"http://127.0.0.1:{metrics_port}/healthz"), 60)
-    print(f"Operator running (pid {operator.pid}, log {log})")
+    operator = OperatorProcess(cluster.kubeconfig, log).start()  # /healthz and /metrics on loopback
+    assert operator.proc is not None
+    print(f"Operator running (pid {operator.proc.pid}, log {log})")
     return operator
 
 
 def apply_sample(cluster: control_plane.Cluster) -> str:
     say(f"Applying {SAMPLE.relative_to(REPO)}")
-    cluster.kubectl("create", "namespace", NAMESPACE, check=False)
-    cluster.kubectl("apply", "-n", NAMESPACE, "-f", str(SAMPLE))
+    cluster.kubectl("apply", "-f", str(SAMPLE))
     name = cluster.kubectl(
         "get", "-n", NAMESPACE, "-f", str(SAMPLE), "-o", "jsonpath={.metadata.name}"
     ).stdout
@@ -107,37 +76,33 @@ def chat_with_runtime(workdir: Path) -> None:
     model_dir = workdir / "tiny-model"
     say(f"Writing the tiny local model to {model_dir}")
     subprocess.run([str(VENV_BIN / "pagoda-runtime"), "make-tiny-model", str(model_dir)], check=True)
-    port = control_plane._procs.free_ports(1)[0]
+    port = free_port()
     say(f"Starting the Pagoda runtime on 127.0.0.1:{port} (vLLM engine, CPU backend)")
-    env = {**os.environ, "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "TMPDIR": str(workdir)}
-    log = workdir / "runtime.log"
-    with log.open("wb") as out:
-        runtime = subprocess.Popen(
-            [
-                str(VENV_BIN / "pagoda-runtime"),
-                "serve",
-                "--model",
-                f"file://{model_dir}",
-                "--served-model-name",
-                "tiny",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--max-model-len",
-                "512",
-                "--drain-timeout",
-                "20",
-                "--",
-                "--enforce-eager",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    runtime = ManagedProcess(workdir / "runtime.log", name="pagoda-runtime")
+    runtime.launch(
+        [
+            str(VENV_BIN / "pagoda-runtime"),
+            "serve",
+            "--model",
+            f"file://{model_dir}",
+            "--served-model-name",
+            "tiny",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "512",
+            "--drain-timeout",
+            "20",
+            "--",
+            "--enforce-eager",
+        ],
+        env=runtime_env(workdir),
+    )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_until("the runtime's /readyz", lambda: runtime.poll() is None and http_ok(f"{base}/readyz"), 300)
+        runtime.wait_answers(f"{base}/readyz", "the runtime's /readyz", timeout=300, interval=0.5)
         from openai import OpenAI
 
         client = OpenAI(base_url=f"{base}/v1", api_key="demo")
@@ -154,9 +119,8 @@ def chat_with_runtime(workdir: Path) -> None:
         print("\n".join(line for line in lines if line.startswith("pagoda_")))
     finally:
         say("Stopping the runtime with SIGTERM (graceful drain)")
-        runtime.send_signal(signal.SIGTERM)
-        runtime.wait(timeout=90)
-        print(f"Runtime exited with code {runtime.returncode} (log {log})")
+        rc = runtime.stop(timeout=90)
+        print(f"Runtime exited with code {rc} (log {runtime.log_path})")
 
 
 def main() -> int:
@@ -168,8 +132,7 @@ def main() -> int:
         apply_sample(cluster)
         chat_with_runtime(workdir)
     finally:
-        operator.send_signal(signal.SIGTERM)
-        operator.wait(timeout=30)
+        operator.stop()
     say("Done. The control plane is still up for you to explore:")
     print(f"  export KUBECONFIG={DEV / 'kubeconfig'}")
     print(f"  {cluster.bin_dir / 'kubectl'} get inferenceservices -n {NAMESPACE}")

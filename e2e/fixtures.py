@@ -12,28 +12,14 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
 from e2e import _objects
 from e2e.cluster import Cluster, ToolsMissingError, check_bin_dir, default_bin_dir, start_private
-
-T = TypeVar("T")
-
-
-def wait_for(probe: Callable[[], T | None], what: str, timeout: float = 60.0, interval: float = 0.2) -> T:
-    """Polls `probe` until it returns a truthy value, which is returned; fails naming `what`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Timed out after {timeout:.0f}s waiting for {what}.")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")

@@ -11,43 +11,27 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import yaml
 
-T = TypeVar("T")
+from e2e.processes import VENV_BIN, ManagedProcess, free_port, runtime_env, wait_until
+
 SCRAPE_INTERVAL = "1s"
 # What Grafana's $__rate_interval becomes for a 1s scrape interval and a short dashboard range.
 RATE_INTERVAL = "20s"
-VENV_BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def wait_until(probe: Callable[[], T], what: str, timeout: float, interval: float = 0.25) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"Timed out after {timeout:.0f}s waiting for {what}.")
-        time.sleep(interval)
+# The target labels of the runtime's and the operator's ServiceMonitors, as the Prometheus Operator sets them.
+RUNTIME_LABELS = {"namespace": "ml", "service": "tiny", "pod": "tiny-7d9f-abcde", "endpoint": "http"}
+OPERATOR_LABELS = {
+    "namespace": "pagoda-system",
+    "service": "pagoda-metrics",
+    "pod": "pagoda-5c6d-xyz",
+    "endpoint": "metrics",
+}
 
 
 def prometheus_binary() -> str:
@@ -64,16 +48,14 @@ class PromQLError(AssertionError):
 
 
 @dataclass
-class Prometheus:
+class Prometheus(ManagedProcess):
     workdir: Path
     port: int = field(default_factory=free_port)
     rule_files: list[Path] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
     targets: list[dict[str, Any]] = field(default_factory=list)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    name = "prometheus"
+    LOG_NAME = "prometheus.log"
 
     def start(self) -> Prometheus:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -93,8 +75,7 @@ class Prometheus:
             ],
         }
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = (self.workdir / "prometheus.log").open("wb")
-        self.proc = subprocess.Popen(
+        self.launch(
             [
                 prometheus_binary(),
                 f"--config.file={self.workdir / 'prometheus.yml'}",
@@ -102,24 +83,10 @@ class Prometheus:
                 f"--web.listen-address=127.0.0.1:{self.port}",
                 "--storage.tsdb.retention.time=1h",
                 "--log.level=warn",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            ]
         )
-        wait_until(self._ready, "Prometheus /-/ready", timeout=60)
+        self.wait_answers(f"{self.url}/-/ready", "Prometheus /-/ready", timeout=60)
         return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"prometheus exited rc={self.proc.returncode}: {self.log()[-2000:]}")
-        try:
-            return httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def log(self) -> str:
-        return (self.workdir / "prometheus.log").read_text(errors="replace")
 
     def _write_targets(self) -> None:
         tmp = self.workdir / "targets.json.tmp"
@@ -164,45 +131,19 @@ class Prometheus:
         values: list[str] = self.api(f"label/{label}/values", **{"match[]": match})
         return values
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
-
-
-def runtime_env(workdir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    (workdir / "tmp").mkdir(parents=True, exist_ok=True)
-    env.update(
-        TMPDIR=str(workdir / "tmp"),
-        VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
-        VLLM_NO_USAGE_STATS="1",
-        HF_HUB_OFFLINE="1",
-        VLLM_CPU_KVCACHE_SPACE="1",
-        PYTHONUNBUFFERED="1",
-    )
-    env.pop("PAGODA_API_KEY", None)
-    return env
-
 
 @dataclass
-class Runtime:
+class Runtime(ManagedProcess):
     """`pagoda-runtime serve` on the tiny model, as a subprocess on a free loopback port."""
 
     model_dir: Path
     workdir: Path
     served_name: str = "tiny"
     port: int = field(default_factory=free_port)
-    proc: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    name = "pagoda-runtime"
+    STOP_GRACE = 60.0
+    LOG_NAME = "runtime.log"
 
     def start(self, timeout: float = 300) -> Runtime:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -213,34 +154,9 @@ class Runtime:
         # Small KV blocks, so that the shared system prompt fills whole blocks the prefix cache can reuse
         # (given to vLLM directly: the runtime's own --block-size rejects every value, see the chart report).
         args += ["--block-size", "32"]
-        log = (self.workdir / "runtime.log").open("wb")
-        self.proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, env=runtime_env(self.workdir)
-        )
-        wait_until(self._ready, "the runtime's /readyz", timeout=timeout, interval=0.5)
+        self.launch(args, env=runtime_env(self.workdir))
+        self.wait_answers(f"{self.url}/readyz", "the runtime's /readyz", timeout=timeout, interval=0.5)
         return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"pagoda-runtime exited rc={self.proc.returncode}: {self.log()[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def log(self) -> str:
-        return (self.workdir / "runtime.log").read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
 
 
 SHARED_PREFIX = (

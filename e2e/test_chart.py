@@ -28,7 +28,6 @@ from e2e.chartenv import (
     CHART,
     CRD_NAME,
     REPO,
-    Operator,
     adopt_crd,
     condition,
     helm,
@@ -37,7 +36,7 @@ from e2e.chartenv import (
     service_account_kubeconfig,
 )
 from e2e.cluster import Cluster
-from e2e.observability import wait_until
+from e2e.processes import OperatorProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -96,18 +95,15 @@ def installed(cluster: Cluster, release_ns: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, release_ns: str, installed: str, workdir: Path) -> Iterator[Operator]:
+def operator(cluster: Cluster, release_ns: str, installed: str, workdir: Path) -> Iterator[OperatorProcess]:
     kubeconfig = service_account_kubeconfig(cluster, release_ns, "pagoda", workdir / "operator.kubeconfig")
-    process = Operator(kubeconfig, workdir).start()
-    try:
+    with OperatorProcess(kubeconfig, workdir / "operator.log", resync_seconds=3).start() as process:
         yield process
-    finally:
-        process.stop()
-        print(f"\nThe operator's log is {process.log_path}.")
+    print(f"\nThe operator's log is {process.log_path}.")
 
 
 @pytest.fixture(scope="module")
-def samples(cluster: Cluster, operator: Operator, workdir: Path) -> Iterator[tuple[str, Path]]:
+def samples(cluster: Cluster, operator: OperatorProcess, workdir: Path) -> Iterator[tuple[str, Path]]:
     """A plain and an autoscaled InferenceService, applied like Argo CD applies (client-side apply)."""
     namespace = f"chart-samples-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
@@ -192,7 +188,7 @@ def test_install_creates_every_object(cluster: Cluster, release_ns: str, install
 
 
 def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
-    cluster: Cluster, release_ns: str, operator: Operator, samples: tuple[str, Path]
+    cluster: Cluster, release_ns: str, operator: OperatorProcess, samples: tuple[str, Path]
 ) -> None:
     namespace, _ = samples
     for kind in ("deployment", "service", "poddisruptionbudget"):
@@ -217,7 +213,7 @@ def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
 
 
 def test_argocd_sees_no_diff_after_the_operator_reconciled(
-    cluster: Cluster, operator: Operator, samples: tuple[str, Path]
+    cluster: Cluster, operator: OperatorProcess, samples: tuple[str, Path]
 ) -> None:
     namespace, path = samples
     before = operator.reconciles()
@@ -243,7 +239,7 @@ def test_argocd_sees_no_diff_after_the_operator_reconciled(
 
 
 def test_autoscaled_deployment_replicas_belong_to_the_autoscaler(
-    cluster: Cluster, operator: Operator, samples: tuple[str, Path]
+    cluster: Cluster, operator: OperatorProcess, samples: tuple[str, Path]
 ) -> None:
     namespace, _ = samples
     (applied,) = managed_fields(cluster, "deployment", namespace, "tiny-auto", "pagoda-operator")
@@ -286,7 +282,9 @@ def test_argocd_health_check_reports_the_live_object_healthy(
     assert lua.execute(HEALTH_LUA.read_text())["status"] == "Progressing"
 
 
-def test_upgrade_adds_and_removes_objects(cluster: Cluster, release_ns: str, operator: Operator) -> None:
+def test_upgrade_adds_and_removes_objects(
+    cluster: Cluster, release_ns: str, operator: OperatorProcess
+) -> None:
     monitoring = CHART / "ci" / "monitoring-values.yaml"
     helm(cluster, "upgrade", RELEASE, str(CHART), "-n", release_ns, "-f", str(monitoring))
     assert exists(cluster, "servicemonitor", release_ns, "pagoda")
@@ -303,7 +301,7 @@ def test_upgrade_adds_and_removes_objects(cluster: Cluster, release_ns: str, ope
 
 
 def test_uninstall_leaves_nothing_behind_but_the_kept_crd(
-    cluster: Cluster, release_ns: str, operator: Operator, samples: tuple[str, Path]
+    cluster: Cluster, release_ns: str, operator: OperatorProcess, samples: tuple[str, Path]
 ) -> None:
     namespace, _ = samples
     objects = release_objects(cluster, release_ns)

@@ -25,7 +25,7 @@ from e2e.cluster import (
     ToolsMissingError,
     check_bin_dir,
 )
-from e2e.fixtures import wait_for
+from e2e.processes import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -117,7 +117,7 @@ def test_gpu_pod_is_scheduled_on_a_fake_gpu_node_and_ready(cluster_api: Any, nam
             None,
         )
 
-    pod = wait_for(ready_pod, "the one-GPU pod to be Ready")
+    pod = wait_until(ready_pod, "the one-GPU pod to be Ready")
     assert pod["spec"]["nodeName"] in GPU_NODES
     assert pod["status"]["phase"] == "Running"
     assert pod["status"]["hostIP"].startswith("10.254.0.")
@@ -126,7 +126,7 @@ def test_gpu_pod_is_scheduled_on_a_fake_gpu_node_and_ready(cluster_api: Any, nam
         deployment = _get(cluster_api, f"{deployments}/one-gpu") or {}
         return bool(deployment.get("status", {}).get("availableReplicas") == 1)
 
-    wait_for(available, "Deployment one-gpu to be available")
+    wait_until(available, "Deployment one-gpu to be available")
 
     # No node has 9 GPUs: the real scheduler must refuse, naming the resource.
     def unschedulable() -> dict[str, Any] | None:
@@ -134,7 +134,7 @@ def test_gpu_pod_is_scheduled_on_a_fake_gpu_node_and_ready(cluster_api: Any, nam
         cond = _condition(pods[0], "PodScheduled") if pods else None
         return cond if cond and cond.get("reason") == "Unschedulable" else None
 
-    cond = wait_for(unschedulable, "the nine-GPU pod to be reported Unschedulable")
+    cond = wait_until(unschedulable, "the nine-GPU pod to be reported Unschedulable")
     assert f"Insufficient {GPU_RESOURCE}" in cond["message"]
 
 
@@ -150,7 +150,7 @@ def test_garbage_collector_deletes_owned_objects(cluster_api: Any, namespace: st
     core.create_namespaced_config_map(namespace, owned)
     core.delete_namespaced_config_map("owner", namespace)
     path = f"/api/v1/namespaces/{namespace}/configmaps/owned"
-    wait_for(lambda: _get(cluster_api, path) is None, "the garbage collector to delete ConfigMap owned")
+    wait_until(lambda: _get(cluster_api, path) is None, "the garbage collector to delete ConfigMap owned")
 
 
 def _scaled_object(name: str, **spec: Any) -> dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -23,19 +22,13 @@ import pytest
 import yaml
 
 from e2e.cluster import Cluster, default_bin_dir
-from e2e.observability import RATE_INTERVAL, Load, Prometheus, Runtime, wait_until
+from e2e.observability import OPERATOR_LABELS, RATE_INTERVAL, RUNTIME_LABELS, Load, Prometheus, Runtime
+from e2e.processes import VENV_BIN, OperatorProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARDS = REPO / "charts" / "pagoda" / "files" / "dashboards"
-RUNTIME_LABELS = {"namespace": "ml", "service": "tiny", "pod": "tiny-7d9f-abcde", "endpoint": "http"}
-OPERATOR_LABELS = {
-    "namespace": "pagoda-system",
-    "service": "pagoda-metrics",
-    "pod": "pagoda-5c6d-xyz",
-    "endpoint": "metrics",
-}
 KUBE_STATE_METRICS = ("kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready")
 
 
@@ -105,13 +98,13 @@ def workdir() -> Path:
 
 
 @pytest.fixture(scope="module")
-def prometheus(workdir: Path) -> Iterator[Prometheus]:
-    prom = Prometheus(workdir / "prometheus", rule_files=[chart_rules(workdir)]).start()
-    try:
+def prometheus(workdir: Path, cluster: Cluster) -> Iterator[Prometheus]:
+    # `cluster` first: the control plane starts before the runtime loads the CPU (its start-up is the
+    # part most sensitive to load on a 2-core machine).
+    del cluster
+    with Prometheus(workdir / "prometheus", rule_files=[chart_rules(workdir)]).start() as prom:
         yield prom
-    finally:
-        prom.stop()
-        print(f"\nPrometheus' files are in {workdir / 'prometheus'}.")
+    print(f"\nPrometheus' files are in {workdir / 'prometheus'}.")
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +112,7 @@ def loaded_runtime(prometheus: Prometheus, workdir: Path) -> Iterator[Load]:
     """The runtime on the tiny model, scraped every second, under a steady stream of chat requests."""
     model = workdir / "tiny-model"
     subprocess.run(
-        [str(Path(sys.executable).parent / "pagoda-runtime"), "make-tiny-model", str(model)],
+        [str(VENV_BIN / "pagoda-runtime"), "make-tiny-model", str(model)],
         check=True,
         timeout=300,
         capture_output=True,
@@ -166,28 +159,9 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path
     broken["metadata"]["name"] = "tiny-broken"
     broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([sample, broken]))
-    from e2e.observability import free_port
-
-    port = free_port()
-    log_path = workdir / "operator.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "pagoda-operator"),
-                "--kubeconfig",
-                str(cluster.kubeconfig),
-                "--metrics-host",
-                "127.0.0.1",
-                "--metrics-port",
-                str(port),
-                "--resync-seconds",
-                "2",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    operator = OperatorProcess(cluster.kubeconfig, workdir / "operator.log", resync_seconds=2).start()
     try:
-        prometheus.add_target(f"127.0.0.1:{port}", **OPERATOR_LABELS)
+        prometheus.add_target(f"127.0.0.1:{operator.port}", **OPERATOR_LABELS)
         wait_until(
             lambda: (
                 prometheus.query(
@@ -205,10 +179,9 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path
         )
         yield
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        operator.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        print(f"\nThe operator's log is {log_path}.")
+        print(f"\nThe operator's log is {operator.log_path}.")
 
 
 def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:

@@ -21,7 +21,7 @@ from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
-from pagoda.operator.resources import CHILD_KINDS
+from pagoda.operator.resources import CHILD_KINDS, DEFAULT_RUNTIME_IMAGE
 
 log = logging.getLogger("pagoda.operator")
 
@@ -38,12 +38,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--resync-seconds", type=float, default=300.0, help="re-check every InferenceService this often"
     )
+    parser.add_argument(
+        "--runtime-image",
+        default=DEFAULT_RUNTIME_IMAGE,
+        help="runtime image for InferenceServices that set no spec.runtime.image",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     if not 0 < args.metrics_port < 65536:
         parser.error(f"--metrics-port: {args.metrics_port} is not a TCP port (1-65535)")
     if args.workers < 1:
         parser.error(f"--workers: must be at least 1, got {args.workers}")
+    if not args.runtime_image.strip() or any(c.isspace() for c in args.runtime_image):
+        parser.error(
+            f"--runtime-image: must be an image reference without spaces, got {args.runtime_image!r}"
+        )
     if args.resync_seconds <= 0:
         parser.error(f"--resync-seconds: must be positive, got {args.resync_seconds}")
     if args.kubeconfig and not os.path.isfile(args.kubeconfig):
@@ -103,12 +112,13 @@ async def run(args: argparse.Namespace) -> None:
     api = api_client(args.kubeconfig, args.workers + 2)
     kube = Kube(api)
     queue = WorkQueue()
+    metrics.watch_queue(queue)
     cache = ObjectCache(KIND)
     # Prime the cache before any pass runs, so a restart never mistakes "not seen yet" for "missing".
     for item in await asyncio.to_thread(refresh, kube, cache, args.namespace):
         queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))  # type: ignore[index]
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
-    job = functools.partial(reconcile, kube, cache=cache)
+    job = functools.partial(reconcile, kube, cache=cache, default_image=args.runtime_image)
     tasks = [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
     tasks.append(asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds)))
     operator_task = asyncio.create_task(

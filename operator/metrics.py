@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+
+if TYPE_CHECKING:  # the work queue imports the reconcile, which records these metrics
+    from pagoda.operator.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("pagoda.operator.metrics")
 
@@ -30,10 +34,24 @@ RECONCILE_ERRORS = Counter(
     "Reconcile passes that could not fully act on an InferenceService, by reason.",
     ["reason"],
 )
+QUEUE_DEPTH = Gauge(
+    "pagoda_operator_queue_depth",
+    "InferenceServices waiting in the work queue for a reconcile pass.",
+)
+RECONCILES_IN_PROGRESS = Gauge(
+    "pagoda_operator_reconciles_in_progress",
+    "Reconcile passes running now (at most --workers).",
+)
 
 # Results are pre-created so that a scrape shows every series at 0 from the start.
 for _result in ("applied", "unchanged", "error"):
     RECONCILES.labels(result=_result)
+
+
+def watch_queue(queue: WorkQueue) -> None:
+    """Export the work queue's length and the passes in flight, read at scrape time."""
+    QUEUE_DEPTH.set_function(lambda: len(queue))
+    RECONCILES_IN_PROGRESS.set_function(queue.in_progress)
 
 
 async def serve(host: str, port: int, healthy: Callable[[], bool]) -> web.AppRunner:

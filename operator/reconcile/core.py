@@ -24,7 +24,13 @@ from pagoda.operator.reconcile.compare import matches
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.problems import apply_problem, invalid_spec, missing_secrets
 from pagoda.operator.reconcile.status import Problem, compute_status, degraded_now, status_changed
-from pagoda.operator.resources import CHILD_KINDS, desired_children, selector_string, service_url
+from pagoda.operator.resources import (
+    CHILD_KINDS,
+    DEFAULT_RUNTIME_IMAGE,
+    desired_children,
+    selector_string,
+    service_url,
+)
 
 log = logging.getLogger("pagoda.operator.reconcile")
 OWNER_LABEL = "pagoda.dev/inferenceservice"
@@ -73,12 +79,13 @@ def reconcile(
     name: str,
     now: Callable[[], str] = rfc3339_now,
     cache: ObjectCache | None = None,
+    default_image: str = DEFAULT_RUNTIME_IMAGE,
 ) -> Outcome:
     """One pass. With a `cache` (the operator's watch-fed view) it reads nothing from the API server;
     without one it reads the owner and lists its children."""
     started = time.monotonic()
     try:
-        outcome = _reconcile(kube, namespace, name, now, cache)
+        outcome = _reconcile(kube, namespace, name, now, cache, default_image)
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason="Exception").inc()
@@ -93,7 +100,12 @@ def reconcile(
 
 
 def _reconcile(
-    kube: Kube, namespace: str, name: str, now: Callable[[], str], cache: ObjectCache | None
+    kube: Kube,
+    namespace: str,
+    name: str,
+    now: Callable[[], str],
+    cache: ObjectCache | None,
+    default_image: str,
 ) -> Outcome:
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -104,7 +116,7 @@ def _reconcile(
     desired: list[Obj] | None = None
     try:
         spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
-        desired = [with_owner(m, owner) for m in desired_children(name, namespace, spec)]
+        desired = [with_owner(m, owner) for m in desired_children(name, namespace, spec, default_image)]
     except ValidationError as exc:
         problems.append(invalid_spec(exc))
     except (ValueError, TypeError, KeyError) as exc:  # a spec the builders cannot turn into objects

@@ -66,6 +66,10 @@ class WorkQueue:
     def __len__(self) -> int:
         return self._queue.qsize()
 
+    def in_progress(self) -> int:
+        """Keys being reconciled right now."""
+        return len(self._processing)
+
     def idle(self) -> bool:
         return not self._dirty and not self._processing
 

@@ -10,7 +10,7 @@ from .args import COMMAND, runtime_args
 from .meta import CACHE_DIR, CONTAINER_NAME, HTTP_PORT, MODELS_DIR, PORT_NAME, labels
 from .quantity import canonical
 
-DEFAULT_RUNTIME_IMAGE = "pagoda/runtime:0.1.0"
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod before SIGTERM arrives
 GRACE_MARGIN_SECONDS = 15  # engine shutdown after the drain

@@ -14,6 +14,7 @@ from kubernetes import client
 
 from e2e.cluster import Cluster
 from e2e.fixtures import cluster, cluster_api, namespace  # noqa: F401
+from pagoda.operator.reconcile.kube import Kube
 
 CRD_FILE = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
 
@@ -47,6 +48,12 @@ def operator(cluster: Cluster, crd: None) -> Iterator[OperatorProcess]:  # noqa:
 @pytest.fixture
 def kube(cluster_api: Any) -> client.CustomObjectsApi:  # noqa: F811
     return client.CustomObjectsApi(cluster_api)
+
+
+@pytest.fixture
+def raw(cluster_api: Any) -> Kube:  # noqa: F811
+    """The operator's own thin client, for reading children as plain dicts."""
+    return Kube(cluster_api)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -8,6 +8,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from e2e.processes import wait_until
+
 GROUP, VERSION, PLURAL = "pagoda.dev", "v1alpha1", "inferenceservices"
 OWNER_LABEL = "pagoda.dev/inferenceservice"
 
@@ -111,3 +113,19 @@ def managed_fields_of(obj: Any, manager: str) -> dict[str, Any]:
         if name == manager and fields:
             owned.update(fields)
     return owned
+
+
+def wait_ready(
+    api: client.CustomObjectsApi, name: str, namespace: str, what: str = "Ready=True", timeout: float = 90
+) -> dict[str, Any]:
+    """Waits until the InferenceService is Ready with a current status (see ready_and_current); returns it."""
+    found: dict[str, Any] = wait_until(
+        lambda: (obj := get(api, name, namespace)) and ready_and_current(obj) and obj, what, timeout
+    )
+    return found
+
+
+def create_ready(api: client.CustomObjectsApi, name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """Creates the InferenceService and waits until it is Ready (the start of most tests)."""
+    create(api, name, namespace, **spec)
+    return wait_ready(api, name, namespace)

@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from harness import OperatorProcess, wait_until
-from isvc import OWNER_LABEL, condition, create, get, managed_fields_of, patch, ready_and_current
+from isvc import (
+    OWNER_LABEL,
+    condition,
+    create,
+    create_ready,
+    get,
+    managed_fields_of,
+    patch,
+    wait_ready,
+)
 from kubernetes import client
 
 from pagoda.operator.reconcile.kube import Kube
@@ -31,9 +40,8 @@ def children(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]
 
 
 def test_create_builds_children_and_reports_ready(
-    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
 ) -> None:
-    raw = Kube(cluster_api)
     owner = create(kube, "llm", namespace)
     found = wait_until(
         lambda: (
@@ -81,9 +89,7 @@ def test_create_builds_children_and_reports_ready(
     assert found["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
 
     # Status: Ready once kwok's pods are Ready; everything the scale subresource and kubectl need.
-    obj = wait_until(
-        lambda: (o := get(kube, "llm", namespace)) and ready_and_current(o) and o, "Ready=True", 90
-    )
+    obj = wait_ready(kube, "llm", namespace)
     status = obj["status"]
     assert (status["replicas"], status["readyReplicas"]) == (2, 2)
     assert status["url"] == f"http://llm.{namespace}.svc:8000"
@@ -103,11 +109,9 @@ def test_create_builds_children_and_reports_ready(
 
 
 def test_spec_change_rolls_out(
-    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+    operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
 ) -> None:
-    raw = Kube(cluster_api)
-    create(kube, "roll", namespace, replicas=1)
-    wait_until(lambda: ready_and_current(get(kube, "roll", namespace)), "Ready=True", 90)
+    create_ready(kube, "roll", namespace, replicas=1)
     before = raw.get("apps/v1", "deployments", namespace, "roll")
     assert before is not None
     patch(kube, "roll", namespace, {"engine": {"maxModelLen": 4096}})
@@ -123,18 +127,15 @@ def test_spec_change_rolls_out(
         "a second ReplicaSet (a rollout)",
     )
     assert sets
-    obj = wait_until(
-        lambda: (o := get(kube, "roll", namespace)) and ready_and_current(o) and o, "Ready again", 90
-    )
+    obj = wait_ready(kube, "roll", namespace, "Ready again")
     assert obj["status"]["observedGeneration"] == 2
     after = raw.get("apps/v1", "deployments", namespace, "roll")
     assert after is not None and after["metadata"]["uid"] == before["metadata"]["uid"]  # updated in place
 
 
 def test_delete_removes_children_by_garbage_collection(
-    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+    operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
 ) -> None:
-    raw = Kube(cluster_api)
     create(kube, "gone", namespace, replicas=None, autoscaling={"minReplicas": 1, "maxReplicas": 3})
     wait_until(lambda: len(children(raw, namespace, "gone")) == 4, "all four children")
     kube.delete_namespaced_custom_object("pagoda.dev", "v1alpha1", namespace, "inferenceservices", "gone")

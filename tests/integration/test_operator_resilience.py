@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness import OperatorProcess, wait_until
-from isvc import condition, create, get, ready_and_current
+from isvc import condition, create, create_ready, get, wait_ready
 from kubernetes import client
 
 from e2e.cluster import Cluster
@@ -17,11 +17,10 @@ def test_deleted_and_hand_edited_children_are_restored(
     cluster: Cluster,
     kube: client.CustomObjectsApi,
     cluster_api: Any,
+    raw: Kube,
     namespace: str,
 ) -> None:
-    raw = Kube(cluster_api)
-    create(kube, "drift", namespace, replicas=1)
-    wait_until(lambda: ready_and_current(get(kube, "drift", namespace)), "Ready=True", 90)
+    create_ready(kube, "drift", namespace, replicas=1)
     service = raw.get("v1", "services", namespace, "drift")
     assert service is not None
 
@@ -76,8 +75,7 @@ def test_deleted_and_hand_edited_children_are_restored(
 def test_no_api_writes_when_idle(
     operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
 ) -> None:
-    create(kube, "idle", namespace, replicas=1)
-    wait_until(lambda: ready_and_current(get(kube, "idle", namespace)), "Ready=True", 90)
+    create_ready(kube, "idle", namespace, replicas=1)
     # Earlier tests' namespaces being torn down are real changes (their status goes not-Ready): let them go.
     core = client.CoreV1Api(cluster_api)
     wait_until(
@@ -99,17 +97,13 @@ def test_no_api_writes_when_idle(
 
 
 def test_restart_resumes_without_writes(
-    operator: OperatorProcess, cluster_api: Any, kube: client.CustomObjectsApi, namespace: str
+    operator: OperatorProcess, raw: Kube, kube: client.CustomObjectsApi, namespace: str
 ) -> None:
-    raw = Kube(cluster_api)
-    create(kube, "before", namespace, replicas=1)
-    wait_until(lambda: ready_and_current(get(kube, "before", namespace)), "Ready=True", 90)
+    create_ready(kube, "before", namespace, replicas=1)
     operator.kill()
     create(kube, "during", namespace, replicas=1)  # created while no operator runs
     operator.start()
-    wait_until(
-        lambda: ready_and_current(get(kube, "during", namespace)), "the new object Ready after restart", 90
-    )
+    wait_ready(kube, "during", namespace, "the new object Ready after restart")
     wait_until(
         lambda: operator.total("pagoda_operator_reconciles_total", result="unchanged") >= 1,
         "the existing object re-checked",
@@ -143,4 +137,4 @@ def test_missing_secret_is_degraded_until_created(
         namespace, {"metadata": {"name": "hf-token"}, "stringData": {"HF_TOKEN": "x"}}
     )
     # No watch on Secrets: the periodic resync notices.
-    wait_until(lambda: ready_and_current(get(kube, "secret", namespace)), "Degraded=False and Ready", 90)
+    wait_ready(kube, "secret", namespace, "Degraded=False and Ready")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness import OperatorProcess, wait_until
-from isvc import create, get, managed_fields_of, patch, ready_and_current
+from isvc import create, create_ready, get, managed_fields_of, patch, ready_and_current, wait_ready
 from kubernetes import client
 
 from e2e.cluster import Cluster
@@ -17,9 +17,8 @@ def owns_replicas(deployment: dict[str, Any]) -> bool:
 
 
 def test_autoscaling_on_and_off(
-    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, namespace: str
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
 ) -> None:
-    raw = Kube(cluster_api)
     autoscaling = {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 5}
     create(kube, "auto", namespace, replicas=None, autoscaling=autoscaling)
     scaled = wait_until(
@@ -34,7 +33,7 @@ def test_autoscaling_on_and_off(
     assert not owns_replicas(deployment), "an autoscaled Deployment's replicas belong to KEDA/HPA"
 
     # The HPA (here: someone else) sets replicas; the operator must not fight it.
-    wait_until(lambda: ready_and_current(get(kube, "auto", namespace)), "Ready with 1 replica", 90)
+    wait_ready(kube, "auto", namespace, "Ready with 1 replica")
     writes = operator.total("pagoda_operator_api_writes_total", kind="Deployment")
     apps = client.AppsV1Api(cluster_api)
     apps.patch_namespaced_deployment_scale("auto", namespace, {"spec": {"replicas": 3}})
@@ -60,7 +59,7 @@ def test_autoscaling_on_and_off(
         "replicas 2",
     )
     assert owns_replicas(dep)
-    wait_until(lambda: ready_and_current(get(kube, "auto", namespace)), "Ready with 2 replicas", 90)
+    wait_ready(kube, "auto", namespace, "Ready with 2 replicas")
 
     # And on again.
     patch(kube, "auto", namespace, {"autoscaling": autoscaling, "replicas": None})
@@ -77,12 +76,10 @@ def test_kubectl_scale_uses_the_scale_subresource(
     operator: OperatorProcess,
     cluster: Cluster,
     kube: client.CustomObjectsApi,
-    cluster_api: Any,
+    raw: Kube,
     namespace: str,
 ) -> None:
-    raw = Kube(cluster_api)
-    create(kube, "scaled", namespace, replicas=1)
-    wait_until(lambda: ready_and_current(get(kube, "scaled", namespace)), "Ready=True", 90)
+    create_ready(kube, "scaled", namespace, replicas=1)
     cluster.kubectl("scale", "-n", namespace, "inferenceservice/scaled", "--replicas=3")
     assert (get(kube, "scaled", namespace) or {})["spec"]["replicas"] == 3
     wait_until(

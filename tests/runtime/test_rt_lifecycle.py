@@ -10,7 +10,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from harness import RuntimeProcess, wait_for
+from harness import RuntimeProcess, wait_until
 
 pytestmark = pytest.mark.runtime
 
@@ -51,7 +51,7 @@ def test_sigterm_drains_accepted_requests_and_leaves_no_process(tiny_model: Path
         for t in threads:
             t.start()
         # Every request accepted: 4 running, 8 queued in the engine.
-        wait_for(
+        wait_until(
             lambda: metric(runtime, "pagoda_running_requests") + metric(runtime, "pagoda_queue_depth") == 12,
             timeout=60,
             interval=0.05,
@@ -62,7 +62,7 @@ def test_sigterm_drains_accepted_requests_and_leaves_no_process(tiny_model: Path
         assert children, "the engine runs in child processes"
 
         runtime.proc.send_signal(signal.SIGTERM)
-        wait_for(
+        wait_until(
             lambda: runtime.get("/readyz").status_code == 503, timeout=5, interval=0.02, what="readyz 503"
         )
         assert runtime.get("/readyz").json() == {"status": "draining"}

@@ -9,7 +9,7 @@ import time
 import httpx
 import openai
 import pytest
-from harness import RuntimeProcess, wait_for
+from harness import RuntimeProcess, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.runtime
@@ -149,14 +149,14 @@ def test_metrics_follow_the_engine_under_load(server: RuntimeProcess) -> None:
         peak["kv"] = max(peak["kv"], m[f"pagoda_kv_cache_usage_ratio{label}"])
         return peak["queue"] >= 1 and peak["running"] == 4 and peak["kv"] > 0
 
-    wait_for(saw_queue, timeout=60, interval=0.05, what="queue depth, running requests and KV usage")
+    wait_until(saw_queue, timeout=60, interval=0.05, what="queue depth, running requests and KV usage")
     deadline = time.monotonic() + 120
     for t in threads:
         t.join(timeout=max(0.0, deadline - time.monotonic()))
     assert not failures, failures
     assert peak["running"] == 4  # --max-num-seqs 4: the rest waited in the queue
     assert 0 < peak["kv"] <= 1.0
-    wait_for(
+    wait_until(
         lambda: (
             scrape(server)[f"pagoda_queue_depth{label}"] == 0
             and scrape(server)[f"pagoda_running_requests{label}"] == 0

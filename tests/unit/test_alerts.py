@@ -33,6 +33,13 @@ def promtool() -> str:
     return found
 
 
+def run_promtool(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`promtool ARGS` in `folder`; fails with its output unless it succeeds."""
+    result = subprocess.run([promtool(), *args], cwd=folder, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
 def rule_spec(*args: str) -> dict[str, Any]:
     (rule,) = find(render("--set", "prometheusRule.enabled=true", *args), "PrometheusRule")
     spec: dict[str, Any] = rule["spec"]
@@ -52,26 +59,12 @@ def rules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_promtool_checks_the_rules(rules_dir: Path) -> None:
-    result = subprocess.run(
-        [promtool(), "check", "rules", "rules.yaml"],
-        cwd=rules_dir,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_promtool(rules_dir, "check", "rules", "rules.yaml")
     assert f"SUCCESS: {len(alerts(rule_spec()))} rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass(rules_dir: Path) -> None:
-    result = subprocess.run(
-        [promtool(), "test", "rules", "alerts_test.yaml"],
-        cwd=rules_dir,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    result = run_promtool(rules_dir, "test", "rules", "alerts_test.yaml")
     assert "SUCCESS" in result.stdout
 
 

@@ -195,6 +195,15 @@ def test_image_digest_wins_over_tag() -> None:
     assert not find(docs, "CustomResourceDefinition") and not find(docs, "ServiceAccount")
 
 
+def test_runtime_image_value_becomes_the_operator_flag() -> None:
+    image = "registry.example.com/mirror/pagoda-runtime:0.1.0"
+    docs = render("--set", f"operator.runtimeImage={image}")
+    (container,) = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert f"--runtime-image={image}" in container["args"]
+    refused = helm("template", "pagoda", str(CHART), "--set", "operator.runtimeImage=two words", check=False)
+    assert refused.returncode != 0 and "runtimeImage" in refused.stderr
+
+
 def test_chart_crds_are_the_generated_ones() -> None:
     generated = sorted(p.name for p in (REPO / "crds").glob("*.yaml"))
     assert generated, "crds/ is empty: run `make crds`"

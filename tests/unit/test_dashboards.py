@@ -16,27 +16,13 @@ from typing import Any
 
 import pytest
 import yaml
+from metric_contract import OPERATOR_METRICS, RUNTIME_METRICS
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "charts" / "pagoda" / "files" / "dashboards").glob("*.json"))
 
-# Metrics each dashboard may use: the stable contract names (docs/observability.md), vLLM's, and
+# Metrics each dashboard may use: the stable contract names (metric_contract), vLLM's, and
 # kube-state-metrics' (named as such: only those panels need kube-state-metrics).
-RUNTIME_METRICS = {
-    "pagoda_queue_depth",
-    "pagoda_running_requests",
-    "pagoda_kv_cache_usage_ratio",
-    "pagoda_ready",
-    "pagoda_draining",
-    "pagoda_model_load_seconds",
-    "pagoda_requests_rejected_draining_total",
-}
-OPERATOR_METRICS = {
-    "pagoda_operator_reconciles_total",
-    "pagoda_operator_reconcile_duration_seconds_bucket",
-    "pagoda_operator_api_writes_total",
-    "pagoda_operator_reconcile_errors_total",
-}
 KUBE_STATE_METRICS = {"kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready"}
 
 

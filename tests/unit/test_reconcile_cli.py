@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pagoda.operator.main import parse_args
+from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
 
 
 @pytest.mark.parametrize(
@@ -15,6 +16,8 @@ from pagoda.operator.main import parse_args
         (["--workers", "0"], "--workers"),
         (["--resync-seconds", "-1"], "--resync-seconds"),
         (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
+        (["--runtime-image", ""], "--runtime-image"),
+        (["--runtime-image", "two words"], "--runtime-image"),
     ],
 )
 def test_bad_flags_name_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -27,3 +30,4 @@ def test_bad_flags_name_the_flag(argv: list[str], flag: str, capsys: pytest.Capt
 def test_defaults() -> None:
     args = parse_args([])
     assert (args.namespace, args.metrics_port, args.workers, args.resync_seconds) == (None, 8080, 8, 300.0)
+    assert args.runtime_image == DEFAULT_RUNTIME_IMAGE

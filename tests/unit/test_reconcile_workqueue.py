@@ -31,7 +31,9 @@ def test_key_added_while_processing_is_requeued_once_after_done() -> None:
         queue.add(key)
         queue.add(key)
         assert len(queue) == 0  # not handed out while it is being processed
+        assert queue.in_progress() == 1
         queue.done(key)
+        assert queue.in_progress() == 0
         assert len(queue) == 1
         assert await queue.get() == key
         queue.done(key)

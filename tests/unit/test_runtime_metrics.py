@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from metric_contract import RUNTIME_METRICS
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -52,12 +53,4 @@ def test_old_gpu_cache_name_still_maps() -> None:
 def test_no_engine_yet_reports_zeros_and_not_ready() -> None:
     out = samples(render(ServerStatus(model_name="tiny"), None))
     assert out["pagoda_queue_depth"] == 0 and out["pagoda_ready"] == 0
-    assert set(out) >= {
-        "pagoda_queue_depth",
-        "pagoda_running_requests",
-        "pagoda_kv_cache_usage_ratio",
-        "pagoda_ready",
-        "pagoda_draining",
-        "pagoda_model_load_seconds",
-        "pagoda_requests_rejected_draining_total",
-    }
+    assert set(out) >= RUNTIME_METRICS

@@ -1,0 +1,214 @@
+"""Child processes for the tests, the demo and the tools: free loopback ports, polling without fixed sleeps,
+a process with its output in a log file (awaited on an HTTP endpoint, stopped by PID), `pagoda-operator`,
+and the environment of a `pagoda-runtime` subprocess.
+
+Used by tests/integration, tests/runtime, e2e and e2e/demo.py, so that there is one way to do each."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Self, TypeVar
+
+T = TypeVar("T")
+VENV_BIN = Path(sys.executable).parent
+SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+
+
+class WaitTimeout(AssertionError):
+    """`wait_until` ran out of time."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 60.0, interval: float = 0.25) -> T:
+    """Polls `probe` until it returns a truthy value, which is returned; fails naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"Timed out after {timeout:.0f}s waiting for {what}.")
+        time.sleep(interval)
+
+
+def http_ok(url: str, timeout: float = 2) -> bool:
+    """Whether `url` answers 200 (False while nothing listens, or on any other status)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def runtime_env(workdir: Path, **extra: str) -> dict[str, str]:
+    """The environment of a `pagoda-runtime` subprocess: private temp and vLLM cache dirs under `workdir`,
+    offline, no usage stats, a 1 GiB CPU KV cache, no API key; `extra` goes on top."""
+    tmp = workdir / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    env.update(
+        TMPDIR=str(tmp),
+        VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
+        VLLM_NO_USAGE_STATS="1",
+        HF_HUB_OFFLINE="1",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    env.pop("PAGODA_API_KEY", None)
+    env.update(extra)
+    return env
+
+
+class ManagedProcess:
+    """A child process with its output in `log_path`: launched, awaited on an HTTP URL, stopped by PID
+    (SIGTERM, then SIGKILL after `STOP_GRACE` seconds). A context manager that stops it on exit."""
+
+    name = "process"
+    STOP_GRACE = 30.0
+    LOG_NAME = "process.log"
+    port: int  # where it listens on loopback, for those that do
+    workdir: Path  # set by the dataclass subclasses, whose log is workdir/LOG_NAME
+
+    def __init__(self, log_path: Path, name: str | None = None) -> None:
+        self.log_path = log_path
+        self.name = name or self.name
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def __post_init__(self) -> None:
+        """For dataclass subclasses (their own __init__ does not call this class')."""
+        ManagedProcess.__init__(self, self.workdir / self.LOG_NAME)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def launch(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        """Fails at once, with the end of the log, when the process is not running."""
+        if self.proc is None or self.proc.poll() is not None:
+            rc = None if self.proc is None else self.proc.returncode
+            raise AssertionError(f"{self.name} is not running (rc={rc}); its log:\n{self.log()[-4000:]}")
+
+    def answers(self, url: str) -> bool:
+        self.check_alive()
+        return http_ok(url)
+
+    def wait_answers(self, url: str, what: str, timeout: float, interval: float = 0.25) -> None:
+        wait_until(lambda: self.answers(url), what, timeout=timeout, interval=interval)
+
+    def stop(self, timeout: float | None = None) -> int | None:
+        """SIGTERM, wait; SIGKILL if it has not exited in time. Returns the exit code (None: not started)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.STOP_GRACE if timeout is None else timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, like a crashed or evicted pod: no clean shutdown."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class OperatorProcess(ManagedProcess):
+    """`pagoda-operator` as a child process (as in production), with its /healthz, /metrics and log file.
+    A flag whose value is None is left out (the operator's default applies)."""
+
+    name = "pagoda-operator"
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        *,
+        resync_seconds: float | None = None,
+        workers: int | None = None,
+        metrics_host: str | None = "127.0.0.1",
+        cwd: Path | None = None,
+    ) -> None:
+        super().__init__(log_path)
+        self.kubeconfig, self.resync_seconds, self.workers = kubeconfig, resync_seconds, workers
+        self.metrics_host, self.cwd = metrics_host, cwd
+        self.port = free_port()
+
+    def args(self) -> list[str]:
+        args = [str(VENV_BIN / "pagoda-operator"), "--kubeconfig", str(self.kubeconfig)]
+        if self.metrics_host is not None:
+            args += ["--metrics-host", self.metrics_host]
+        args += ["--metrics-port", str(self.port)]
+        if self.resync_seconds is not None:
+            args += ["--resync-seconds", str(self.resync_seconds)]
+        if self.workers is not None:
+            args += ["--workers", str(self.workers)]
+        return args
+
+    def start(self) -> Self:
+        self.launch(self.args(), cwd=self.cwd)
+        self.wait_answers(f"{self.url}/healthz", "the operator's /healthz", timeout=60)
+        return self
+
+    def healthy(self) -> bool:
+        """Whether /healthz answers 200; fails at once, with its log, if the operator exited."""
+        return self.answers(f"{self.url}/healthz")
+
+    def metrics(self) -> dict[tuple[str, str], float]:
+        """Every sample: (name, raw label string) -> value."""
+        with urllib.request.urlopen(f"{self.url}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        samples: dict[tuple[str, str], float] = {}
+        for line in text.splitlines():
+            match = SAMPLE_LINE.match(line)
+            if match:
+                samples[(match.group(1), match.group(2) or "")] = float(match.group(3))
+        return samples
+
+    def total(self, name: str, **labels: str) -> float:
+        """The sum of metric `name`'s samples that carry all of `labels`."""
+        want = [f'{key}="{value}"' for key, value in labels.items()]
+        return sum(
+            value
+            for (sample, raw), value in self.metrics().items()
+            if sample == name and all(w in raw for w in want)
+        )
+
+    def reconciles(self) -> float:
+        return self.total("pagoda_operator_reconciles_total")

@@ -1,0 +1,26 @@
+"""The stable metric names of the contract (docs/observability.md), written out here independently of the
+code that exports them, for the tests of the runtime's metrics and of the dashboards."""
+
+from __future__ import annotations
+
+RUNTIME_METRICS = frozenset(
+    {
+        "pagoda_queue_depth",
+        "pagoda_running_requests",
+        "pagoda_kv_cache_usage_ratio",
+        "pagoda_ready",
+        "pagoda_draining",
+        "pagoda_model_load_seconds",
+        "pagoda_requests_rejected_draining_total",
+    }
+)
+OPERATOR_METRICS = frozenset(
+    {
+        "pagoda_operator_reconciles_total",
+        "pagoda_operator_reconcile_duration_seconds_bucket",
+        "pagoda_operator_api_writes_total",
+        "pagoda_operator_reconcile_errors_total",
+        "pagoda_operator_queue_depth",
+        "pagoda_operator_reconciles_in_progress",
+    }
+)
