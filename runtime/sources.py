@@ -5,8 +5,10 @@
   convention; `PAGODA_PVC_ROOT` overrides the root), so this is `/mnt/models/<claim>/<path>`.
 - `hf://<org>/<name>`: downloaded into `<cache-dir>/hf` (token from `HF_TOKEN`); with no network the
   cached copy is used, and when there is none the error says so.
-- `s3://<bucket>/<prefix>`: every object under the prefix, downloaded with boto3 into
-  `<cache-dir>/s3/<bucket>/<prefix>` (credentials and endpoint from the usual `AWS_*` environment).
+- `s3://<bucket>/<prefix>`: every object under the prefix, downloaded with the MinIO client (any S3 API
+  store) into `<cache-dir>/s3/<bucket>/<prefix>`. Credentials from `AWS_ACCESS_KEY_ID`,
+  `AWS_SECRET_ACCESS_KEY` and `AWS_SESSION_TOKEN`, endpoint from `AWS_ENDPOINT_URL` (or `S3_ENDPOINT_URL`;
+  default AWS over https), region from `AWS_REGION`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 log = logging.getLogger("pagoda.runtime.sources")
 
@@ -26,6 +29,15 @@ PVC_ROOT_DEFAULT = "/mnt/models"
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HF_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+S3_ENDPOINT_DEFAULT = "https://s3.amazonaws.com"
+# S3 error codes that mean the credentials are wrong or not allowed to read the bucket.
+_S3_AUTH_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "ExpiredToken",
+    "InvalidToken",
+}
 
 
 class ModelSourceError(ValueError):
@@ -111,11 +123,22 @@ class _Progress:
     def __init__(self, uri: str, interval: float = 5.0) -> None:
         self.uri, self.interval, self.last = uri, interval, 0.0
 
-    def report(self, done: int, total: int | None, force: bool = False) -> None:
+    def report(
+        self, done: int, total: int | None, objects: tuple[int, int] | None = None, force: bool = False
+    ) -> None:
         now = time.monotonic()
         if force or now - self.last >= self.interval:
             self.last = now
-            log.info("Downloaded model bytes uri=%s done=%d total=%s", self.uri, done, total or "?")
+            if objects is None:
+                log.info("Downloaded model bytes uri=%s done=%d total=%s", self.uri, done, total or "?")
+            else:
+                log.info(
+                    "Downloaded model bytes uri=%s done=%d total=%s objects_done=%d objects_total=%d",
+                    self.uri,
+                    done,
+                    total or "?",
+                    *objects,
+                )
 
 
 def _resolve_hf(source: ModelSource, cache: Path, revision: str | None) -> Path:
@@ -153,41 +176,81 @@ def _resolve_hf(source: ModelSource, cache: Path, revision: str | None) -> Path:
     return Path(path)
 
 
+def _s3_client(uri: str) -> Any:
+    """A MinIO client from the usual AWS environment; a missing credential is a clear error."""
+    from minio import Minio
+
+    access, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
+    if not access or not secret:
+        raise ModelSourceError(
+            f"model {uri}: s3:// needs credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+            "(the InferenceService's credentialsSecret)"
+        )
+    var = next((v for v in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL") if os.environ.get(v)), "")
+    endpoint = os.environ[var] if var else S3_ENDPOINT_DEFAULT
+    url = urlsplit(endpoint if "://" in endpoint else f"https://{endpoint}")
+    if url.scheme not in ("http", "https") or not url.netloc or url.path.strip("/"):
+        raise ModelSourceError(f"model {uri}: {var} {endpoint!r} must be http(s)://host[:port] with no path")
+    return Minio(
+        url.netloc,
+        access_key=access,
+        secret_key=secret,
+        session_token=os.environ.get("AWS_SESSION_TOKEN") or None,
+        secure=url.scheme == "https",
+        region=os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or None,
+    )
+
+
+def _s3_error(uri: str, exc: Exception) -> ModelSourceError:
+    from minio.error import S3Error
+
+    code = exc.code if isinstance(exc, S3Error) else ""
+    if code == "NoSuchBucket":
+        why = f"the bucket does not exist ({code})"
+    elif code in _S3_AUTH_CODES:
+        why = f"the store refused the credentials in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY ({code})"
+    else:
+        why = f"download failed ({type(exc).__name__}: {exc})"
+    return ModelSourceError(f"model {uri}: {why}")
+
+
 def _resolve_s3(source: ModelSource, cache: Path) -> Path:
-    try:
-        import boto3
-    except ImportError:
-        raise ModelSourceError(f"model {source.uri}: s3:// needs boto3 (pip install boto3)") from None
-    target = cache / source.location / source.key
-    progress = _Progress(source.uri)
-    client = boto3.client("s3", endpoint_url=os.environ.get("AWS_ENDPOINT_URL") or None)
-    prefix = source.key + "/"
+    client = _s3_client(source.uri)
+    bucket, prefix = source.location, source.key + "/"
+    target = cache / bucket / source.key
     log.info("Started model download uri=%s cache=%s", source.uri, target)
+    started = time.monotonic()
     try:
         objects = [
-            obj
-            for page in client.get_paginator("list_objects_v2").paginate(
-                Bucket=source.location, Prefix=prefix
-            )
-            for obj in page.get("Contents", [])
+            (obj.object_name[len(prefix) :], obj.object_name, int(obj.size or 0))
+            for obj in client.list_objects(bucket, prefix=prefix, recursive=True)
+            if obj.object_name and not obj.is_dir
         ]
         if not objects:
-            raise ModelSourceError(f"model {source.uri}: no objects under s3://{source.location}/{prefix}")
-        total, done = sum(int(o["Size"]) for o in objects), 0
-        for obj in objects:
-            rel = obj["Key"][len(prefix) :]
-            if not rel or rel.endswith("/") or ".." in Path(rel).parts:
-                continue
+            raise ModelSourceError(f"model {source.uri}: no objects under s3://{bucket}/{prefix}")
+        total, done, fetched = sum(size for _, _, size in objects), 0, 0
+        progress = _Progress(source.uri)
+        for count, (rel, key, size) in enumerate(objects, 1):
+            if not rel or ".." in Path(rel).parts:
+                raise ModelSourceError(f"model {source.uri}: refused object key {key!r} (escapes the prefix)")
             dest = target / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            if not (dest.exists() and dest.stat().st_size == int(obj["Size"])):
-                client.download_file(source.location, obj["Key"], str(dest))
-            done += int(obj["Size"])
-            progress.report(done, total)
-        progress.report(done, total, force=True)
+            if not (dest.is_file() and dest.stat().st_size == size):
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                client.fget_object(bucket, key, str(dest))
+                fetched += 1
+            done += size
+            progress.report(done, total, objects=(count, len(objects)), force=count == len(objects))
     except ModelSourceError:
         raise
-    except Exception as exc:
-        raise ModelSourceError(f"model {source.uri}: download failed ({type(exc).__name__}: {exc})") from None
-    log.info("Resolved model uri=%s path=%s", source.uri, target)
+    except Exception as exc:  # S3Error, connection errors, a full disk
+        raise _s3_error(source.uri, exc) from None
+    log.info(
+        "Resolved model uri=%s path=%s objects=%d fetched=%d bytes=%d seconds=%.1f",
+        source.uri,
+        target,
+        len(objects),
+        fetched,
+        total,
+        time.monotonic() - started,
+    )
     return target

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Builds the local control plane's programs from the Go module in this folder (versions pinned in go.mod)
-# and copies the third-party CRDs out of their own Go modules (versions pinned below).
+# Builds the local control plane's programs from the Go module in this folder (versions pinned in go.mod),
+# builds the MinIO server for the s3:// model-source test from its own module in minio/ (pinned in
+# minio/go.mod, apart so that its dependency graph never meets the Kubernetes pins), and copies the
+# third-party CRDs out of their own Go modules (versions pinned below).
 #
 #   bash e2e/tools/build.sh OUTDIR      (the Makefile runs: bash e2e/tools/build.sh .pagoda-dev/bin)
 #
-# OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm and
-# crds/*.yaml. Idempotent: OUTDIR/.build-stamp holds a hash of go.mod, go.sum and this script; when it
-# matches and every output exists, nothing is done. Go's module and build caches make a rebuild after a
-# version change incremental.
+# OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, minio
+# and crds/*.yaml. Idempotent: OUTDIR/.build-stamp holds a hash of both modules' go.mod and go.sum and this
+# script; when it matches and every output exists, nothing is done. Go's module and build caches make a
+# rebuild after a version change incremental.
 set -euo pipefail
 
 KEDA_MODULE=github.com/kedacore/keda/v2
@@ -15,7 +17,7 @@ KEDA_VERSION=v2.21.0
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.85.0
 
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm minio)
 CRDS=(keda.sh_scaledobjects.yaml monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_prometheusrules.yaml)
 # kwok's own default stages (what kwokctl installs): nodes become Ready and keep a lease, scheduled pods
 # become Running and Ready, deleted pods go away.
@@ -30,7 +32,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$1/crds"
 out="$(cd "$1" && pwd)"
 
-stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" | sha1sum | cut -c1-16)"
+stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/minio/go.mod" "$here/minio/go.sum" |
+    sha1sum | cut -c1-16)"
 current=1
 [[ "$(cat "$out/.build-stamp" 2>/dev/null)" == "$stamp" ]] || current=0
 for f in "${BINARIES[@]}"; do [[ -x "$out/$f" ]] || current=0; done
@@ -68,6 +71,10 @@ step() {
     echo "    $name took $((SECONDS - step_start))s"
 }
 
+build_minio() {
+    (cd "$here/minio" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/minio" github.com/minio/minio)
+}
+
 module_dir() {
     go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
@@ -100,6 +107,7 @@ step "build kwok (sigs.k8s.io/kwok)" go build "${build_flags[@]}" -ldflags="-s -
     sigs.k8s.io/kwok/cmd/kwok
 step "build helm (helm.sh/helm/v3)" go build "${build_flags[@]}" -ldflags="-s -w $helm_x" -o "$out/helm" \
     helm.sh/helm/v3/cmd/helm
+step "build minio (github.com/minio/minio, module minio/)" build_minio
 step "copy kwok's default stages" copy_kwok_stages
 step "copy CRDs (KEDA $KEDA_VERSION, Prometheus Operator $PROMOP_VERSION)" copy_crds
 

@@ -1,4 +1,4 @@
-"""Tier 1: model URI parsing and local resolution (file://, pvc://, hf:// cached copy, s3:// errors)."""
+"""Tier 1: model URI parsing and local resolution (file://, pvc://, hf:// cache, s3:// settings)."""
 
 from __future__ import annotations
 
@@ -93,16 +93,28 @@ def test_hf_without_network_or_cache_is_a_clear_error(
         resolve(parse_model_uri("hf://acme/missing"), str(tmp_path))
 
 
-def test_s3_without_boto3_names_the_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import builtins
+@pytest.mark.parametrize("missing", ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"])
+def test_s3_without_credentials_names_the_uri(
+    missing: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.delenv(missing)
+    with pytest.raises(
+        ModelSourceError,
+        match=r"model s3://models/llama: s3:// needs credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET",
+    ):
+        resolve(parse_model_uri("s3://models/llama"), str(tmp_path))
 
-    real_import = builtins.__import__
 
-    def no_boto3(name: str, *args: object, **kwargs: object) -> object:
-        if name == "boto3":
-            raise ImportError("No module named 'boto3'")
-        return real_import(name, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(builtins, "__import__", no_boto3)
-    with pytest.raises(ModelSourceError, match=r"model s3://models/llama: s3:// needs boto3"):
+@pytest.mark.parametrize("var", ["AWS_ENDPOINT_URL", "S3_ENDPOINT_URL"])
+@pytest.mark.parametrize("endpoint", ["ftp://store:21", "http://", "http://store:9000/models"])
+def test_s3_bad_endpoint_names_the_variable(
+    var: str, endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.setenv(var, endpoint)
+    with pytest.raises(ModelSourceError, match=rf"model s3://models/llama: {var} .* must be http"):
         resolve(parse_model_uri("s3://models/llama"), str(tmp_path))
