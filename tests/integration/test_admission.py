@@ -7,9 +7,11 @@ is stored.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from isvc import GROUP, PLURAL, VERSION, manifest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -87,3 +89,19 @@ def test_a_valid_spec_is_accepted(crd: None, cluster_api: Any, namespace: str) -
             field_validation="Strict",
         )
         assert created["metadata"]["name"] == "ok"
+
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_is_accepted_by_the_api_server(
+    crd: None, cluster_api: Any, namespace: str, path: Path
+) -> None:
+    """What the README and docs tell people to `kubectl apply` passes the real CRD schema and CEL rules."""
+    body = yaml.safe_load(path.read_text())
+    body["metadata"]["namespace"] = namespace
+    created = client.CustomObjectsApi(cluster_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body, dry_run="All", field_validation="Strict"
+    )
+    assert created["spec"] == body["spec"]
