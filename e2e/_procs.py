@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import time
@@ -25,18 +24,6 @@ FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
 
 class StartError(RuntimeError):
     """A component exited or did not become ready in time."""
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports (held open together so that they differ)."""
-    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def write_kubeconfig(path: Path, server: str, pki: Pki) -> None:

@@ -25,6 +25,7 @@ import yaml
 
 from e2e import _objects, _procs
 from e2e._pki import write_pki
+from e2e.processes import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEV_DIR = REPO_ROOT / ".pagoda-dev"
@@ -147,7 +148,7 @@ def start(
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     pki = write_pki(workdir / "pki")
-    etcd_port, peer_port, api_port, kcm_port, sched_port = _procs.free_ports(5)
+    etcd_port, peer_port, api_port, kcm_port, sched_port = free_ports(5)
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = workdir / "admin.kubeconfig"
     _procs.write_kubeconfig(kubeconfig, server, pki)

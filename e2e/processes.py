@@ -28,11 +28,20 @@ class WaitTimeout(AssertionError):
     """`wait_until` ran out of time."""
 
 
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports (held open together so that they differ)."""
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    return free_ports(1)[0]
 
 
 def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 60.0, interval: float = 0.25) -> T:

@@ -49,7 +49,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"--metrics-port: {args.metrics_port} is not a TCP port (1-65535)")
     if args.workers < 1:
         parser.error(f"--workers: must be at least 1, got {args.workers}")
-    if not args.runtime_image.strip() or any(c.isspace() for c in args.runtime_image):
+    if not args.runtime_image or any(c.isspace() for c in args.runtime_image):
         parser.error(
             f"--runtime-image: must be an image reference without spaces, got {args.runtime_image!r}"
         )
