@@ -93,14 +93,16 @@ def wait_crds_established(launcher: Launcher, api: Any, names: Iterable[str], de
         wait_until(launcher, f"CRD {name} to be Established", established, deadline)
 
 
-def wait_nodes_ready(launcher: Launcher, api: Any, names: Iterable[str], deadline: float) -> None:
+def wait_nodes_ready(
+    launcher: Launcher, api: Any, names: Iterable[str], deadline: float, log_of: str = "kwok"
+) -> None:
     for name in names:
 
         def ready(name: str = name) -> bool:
-            _, node = request(api, "GET", f"/api/v1/nodes/{name}")
-            return _condition(node, "Ready") == "True"
+            status, node = request(api, "GET", f"/api/v1/nodes/{name}")
+            return status == 200 and _condition(node, "Ready") == "True"
 
-        wait_until(launcher, f"node {name} to be Ready (kwok)", ready, deadline, log_of="kwok")
+        wait_until(launcher, f"node {name} to be Ready ({log_of})", ready, deadline, log_of=log_of)
 
 
 def wait_service_account(launcher: Launcher | None, api: Any, namespace: str, deadline: float) -> None:

@@ -1,5 +1,8 @@
 """Keys and certificates for one local control plane: a CA, the API server's serving certificate, an
-admin client certificate (group system:masters) and the service-account signing key pair."""
+admin client certificate (group system:masters), the service-account signing key pair, and the
+aggregation layer's front-proxy CA and client certificate (the API server's identity when it proxies
+to an extension API server such as KEDA's metrics adapter). Also `write_tls_dir`, a CA and one leaf for
+an add-on's own TLS."""
 
 from __future__ import annotations
 
@@ -23,6 +26,24 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    front_proxy_ca_cert: Path
+    front_proxy_client_cert: Path
+    front_proxy_client_key: Path
+
+
+# The front-proxy client certificate's CN: kube-apiserver --requestheader-allowed-names. Extension API
+# servers trust request headers (X-Remote-User, ...) only from a client certificate with this name.
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
+@dataclass(frozen=True)
+class TlsDir:
+    """ca.crt, tls.crt and tls.key in one directory (the layout KEDA's --cert-dir expects)."""
+
+    directory: Path
+    ca_cert: Path
+    cert: Path
+    key: Path
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -52,7 +73,7 @@ def _issue(
     issuer_key: ec.EllipticCurvePrivateKey,
     *,
     ca: bool = False,
-    usage: x509.ObjectIdentifier | None = None,
+    usages: tuple[x509.ObjectIdentifier, ...] = (),
     sans: list[x509.GeneralName] | None = None,
 ) -> x509.Certificate:
     now = datetime.datetime.now(datetime.UTC)
@@ -74,8 +95,8 @@ def _issue(
         builder = builder.add_extension(
             x509.KeyUsage(True, False, True, False, False, False, False, False, False), critical=True
         )
-    if usage is not None:
-        builder = builder.add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+    if usages:
+        builder = builder.add_extension(x509.ExtendedKeyUsage(list(usages)), critical=False)
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return builder.sign(issuer_key, hashes.SHA256())
@@ -92,6 +113,9 @@ def write_pki(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        front_proxy_ca_cert=directory / "front-proxy-ca.crt",
+        front_proxy_client_cert=directory / "front-proxy-client.crt",
+        front_proxy_client_key=directory / "front-proxy-client.key",
     )
     ca_key, ca_name = _key(), _name("pagoda-local-ca")
     ca = _issue(ca_name, ca_key, ca_name, ca_key, ca=True)
@@ -112,7 +136,7 @@ def write_pki(directory: Path) -> Pki:
         serving_key,
         ca_name,
         ca_key,
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
+        usages=(ExtendedKeyUsageOID.SERVER_AUTH,),
         sans=sans,
     )
     pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
@@ -124,7 +148,7 @@ def write_pki(directory: Path) -> Pki:
         admin_key,
         ca_name,
         ca_key,
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
+        usages=(ExtendedKeyUsageOID.CLIENT_AUTH,),
     )
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
     _write_key(pki.admin_key, admin_key)
@@ -136,4 +160,43 @@ def write_pki(directory: Path) -> Pki:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+
+    # A CA of its own, as kubeadm does: extension API servers trust it only for the front proxy.
+    fp_ca_key, fp_ca_name = _key(), _name("pagoda-local-front-proxy-ca")
+    fp_ca = _issue(fp_ca_name, fp_ca_key, fp_ca_name, fp_ca_key, ca=True)
+    pki.front_proxy_ca_cert.write_bytes(fp_ca.public_bytes(serialization.Encoding.PEM))
+    fp_client_key = _key()
+    fp_client = _issue(
+        _name(FRONT_PROXY_CLIENT),
+        fp_client_key,
+        fp_ca_name,
+        fp_ca_key,
+        usages=(ExtendedKeyUsageOID.CLIENT_AUTH,),
+    )
+    pki.front_proxy_client_cert.write_bytes(fp_client.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.front_proxy_client_key, fp_client_key)
     return pki
+
+
+def write_tls_dir(directory: Path, common_name: str, dns_names: list[str], ips: list[str]) -> TlsDir:
+    """A fresh CA and one leaf certificate signed by it, for both server and client authentication (mutual
+    TLS with a single certificate), with the given SANs; written as ca.crt, tls.crt, tls.key."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tls = TlsDir(directory, directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+    ca_key, ca_name = _key(), _name(f"{common_name}-ca")
+    ca = _issue(ca_name, ca_key, ca_name, ca_key, ca=True)
+    tls.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    leaf_key = _key()
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    leaf = _issue(
+        _name(common_name),
+        leaf_key,
+        ca_name,
+        ca_key,
+        usages=(ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH),
+        sans=sans,
+    )
+    tls.cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    _write_key(tls.key, leaf_key)
+    return tls

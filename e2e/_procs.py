@@ -7,19 +7,28 @@ import os
 import signal
 import ssl
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from e2e._pki import Pki
+from e2e._pki import FRONT_PROXY_CLIENT, Pki
+from e2e.podnet import FAKE_POD_CIDR
 
 POLL = 0.1
 STOP_GRACE = 10.0
 SERVICE_CIDR = "10.96.0.0/16"
-POD_CIDR = "10.244.0.0/16"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NODE_AGENT = "node-agent"
+# Components that are harness code run by this Python (`python -m MODULE`), not Go binaries in bin_dir.
+PYTHON_COMPONENTS = {
+    NODE_AGENT: "e2e.nodeagent",
+    "monitoring": "e2e.monitoring",
+    "pagoda-operator": "pagoda.operator.main",  # `make cluster-up` runs the operator too
+}
 
 
 class StartError(RuntimeError):
@@ -98,6 +107,20 @@ def component_args(
             "--endpoint-reconciler-type=none",
             "--allow-privileged=true",
             "--profiling=false",
+            # The aggregation layer (APIService objects, e.g. KEDA's external metrics): the API server proxies
+            # as the front-proxy client and passes the user on in these headers, which extension API servers
+            # trust from that certificate only. Aggregator routing off (the default): the API server dials
+            # the Service, not its endpoints, so an ExternalName Service can name an add-on on loopback
+            # (e2e/addons.py).
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-uid-headers=X-Remote-Uid",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client_key}",
+            "--enable-aggregator-routing=false",
         ],
         "kube-controller-manager": [
             *delegated,
@@ -107,6 +130,8 @@ def component_args(
             f"--root-ca-file={pki.ca_cert}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--profiling=false",
+            # HPAs (KEDA's ScaledObjects make them) are evaluated every 5s instead of 15s.
+            "--horizontal-pod-autoscaler-sync-period=5s",
         ],
         "kube-scheduler": [
             *delegated,
@@ -119,7 +144,7 @@ def component_args(
             f"--config={bin_dir / 'kwok-stages.yaml'}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}",
-            f"--cidr={POD_CIDR}",
+            f"--cidr={FAKE_POD_CIDR}",
             "--node-lease-duration-seconds=40",
         ],
     }
@@ -142,12 +167,18 @@ class Launcher:
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def launch(self, name: str, args: list[str]) -> int:
+        """Starts component `name` with `args` (a binary in bin_dir, or `python -m MODULE` for the harness's
+        own components, run from the repository root); returns its PID."""
+        argv = [str(program(self.bin_dir, name)), *args]
+        if name in PYTHON_COMPONENTS:
+            argv[1:1] = ["-m", PYTHON_COMPONENTS[name]]
         with open(self.log_dir / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(
-                [str(self.bin_dir / name), *args],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT,
                 start_new_session=True,
                 preexec_fn=None if self.detach else _die_with_parent,
             )
@@ -220,7 +251,12 @@ def _gone(pid: int) -> bool:
 
 
 def all_alive(pids: dict[str, int], bin_dir: Path) -> bool:
-    return bool(pids) and all(_exe_matches(pid, bin_dir / name) for name, pid in pids.items())
+    return bool(pids) and all(_exe_matches(pid, program(bin_dir, name)) for name, pid in pids.items())
+
+
+def program(bin_dir: Path, name: str) -> Path:
+    """The executable of component `name`: a binary in bin_dir, or this Python for the harness's own."""
+    return Path(sys.executable) if name in PYTHON_COMPONENTS else bin_dir / name
 
 
 def terminate_child(proc: subprocess.Popen[bytes]) -> None:

@@ -1,5 +1,6 @@
 """A real local Kubernetes control plane: etcd, kube-apiserver (RBAC on), kube-controller-manager,
-kube-scheduler and kwok with two fake GPU nodes, all built by e2e/tools/build.sh.
+kube-scheduler and kwok with two fake GPU nodes, all built by e2e/tools/build.sh, and the node agent
+(e2e/nodeagent.py) with one node whose pods run for real as processes with their own pod IPs.
 
     python -m e2e.cluster up      # detached; kubeconfig at .pagoda-dev/kubeconfig
     python -m e2e.cluster down
@@ -13,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -23,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from e2e import _objects, _procs
+from e2e import _objects, _procs, podnet
 from e2e._pki import write_pki
 from e2e.processes import free_ports
 
@@ -37,6 +39,10 @@ CRD_FILES = (
     "monitoring.coreos.com_prometheusrules.yaml",
 )
 GPU_NODES = ("gpu-node-0", "gpu-node-1")
+# The node whose pods really run. The agent registers it tainted, so that only pods that ask for it (a
+# toleration and the node selector, as examples/tiny-cpu.yaml) start real runtimes; the rest stay on kwok's.
+REAL_NODE = "pagoda-node-0"
+MODELS_DIR = DEV_DIR / "models"  # the runtime image's /models on this machine; holds the tiny model
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 START_TIMEOUT = 120.0
 STATE_FILE = "state.json"
@@ -71,6 +77,7 @@ class Cluster:
     kubeconfig: Path
     server: str
     pids: dict[str, int] = field(default_factory=dict)
+    urls: dict[str, str] = field(default_factory=dict)  # the add-ons' endpoints, for people
     _launcher: _procs.Launcher | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -102,7 +109,8 @@ class Cluster:
         return proc
 
     def stop(self) -> None:
-        """Ends exactly the processes this cluster started (by PID), most dependent first."""
+        """Ends exactly the processes this cluster started (by PID), most dependent first; then removes
+        whatever pod processes and network namespaces a node agent that did not end cleanly left."""
         if not self.pids:
             return
         own = self._launcher.procs if self._launcher else {}
@@ -110,8 +118,9 @@ class Cluster:
             if name in own:
                 _procs.terminate_child(own[name])
             else:
-                _procs.terminate(self.pids[name], self.bin_dir / name)
+                _procs.terminate(self.pids[name], _procs.program(self.bin_dir, name))
         self.pids.clear()
+        podnet.sweep()
         (self.workdir / STATE_FILE).unlink(missing_ok=True)
 
     def save_state(self) -> None:
@@ -120,6 +129,7 @@ class Cluster:
             "kubeconfig": str(self.kubeconfig),
             "bin_dir": str(self.bin_dir),
             "pids": self.pids,
+            "urls": self.urls,
         }
         (self.workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
@@ -135,7 +145,32 @@ class Cluster:
             kubeconfig=Path(state["kubeconfig"]),
             server=state["server"],
             pids={k: int(v) for k, v in state["pids"].items()},
+            urls=state.get("urls", {}),
         )
+
+
+def tiny_model(models_dir: Path = MODELS_DIR) -> Path:
+    """The tiny model at MODELS/tiny (written once by `pagoda-runtime make-tiny-model`)."""
+    model = models_dir / "tiny"
+    if not (model / "config.json").is_file():
+        runtime = Path(sys.executable).parent / "pagoda-runtime"
+        subprocess.run([str(runtime), "make-tiny-model", str(model)], check=True, capture_output=True)
+    return model
+
+
+def start_node_agent(cluster: Cluster, launcher: _procs.Launcher, deadline: float) -> None:
+    """Runs the node agent for REAL_NODE and waits until the node is Ready."""
+    tiny_model()
+    args = [f"--kubeconfig={cluster.kubeconfig}", f"--node={REAL_NODE}"]
+    args += [f"--state-dir={cluster.workdir / _procs.NODE_AGENT}", f"--models-dir={MODELS_DIR}"]
+    args += [f"--path={Path(sys.executable).parent}"]
+    cluster.pids[_procs.NODE_AGENT] = launcher.launch(_procs.NODE_AGENT, args)
+    cluster.save_state()
+    api = cluster.api_client()
+    try:
+        _objects.wait_nodes_ready(launcher, api, [REAL_NODE], deadline, log_of=_procs.NODE_AGENT)
+    finally:
+        api.close()
 
 
 def start(
@@ -161,7 +196,8 @@ def start(
         ).items():
             cluster.pids[name] = launcher.launch(name, args)
             cluster.save_state()
-        _procs.wait_http(launcher, "kube-apiserver", f"{server}/readyz", deadline, pki=pki)
+            if name == "kube-apiserver":  # the controllers exit when their first call is refused
+                _procs.wait_http(launcher, "kube-apiserver", f"{server}/readyz", deadline, pki=pki)
         api = cluster.api_client()
         try:
             crds = _objects.create_crds(api, bin_dir / "crds", CRD_FILES)
@@ -176,6 +212,7 @@ def start(
             _objects.wait_service_account(launcher, api, "default", deadline)
         finally:
             api.close()
+        start_node_agent(cluster, launcher, deadline)
     except BaseException:
         cluster.stop()
         raise
@@ -187,26 +224,65 @@ def _cmd_up(args: argparse.Namespace) -> int:
     existing = Cluster.load_state(workdir)
     if existing is not None and _procs.all_alive(existing.pids, existing.bin_dir):
         print(f"The local control plane is already running at {existing.server}.")
-        _print_usage(Path(args.kubeconfig))
+        _print_usage(existing, Path(args.kubeconfig))
         return 0
     if existing is not None:
         existing.stop()
+    # A new cluster each time: etcd's data from the last one holds objects signed by the old keys.
+    shutil.rmtree(workdir / "etcd", ignore_errors=True)
     began = time.monotonic()
     cluster = start(workdir, detach=True)
+    from e2e.stack import start_stack  # the add-ons build on this module
+
+    try:
+        stack = start_stack(cluster, detach=True)
+    except BaseException:
+        cluster.stop()
+        raise
+    cluster.pids.update(stack.pids)
+    cluster.urls = {
+        "prometheus": stack.prometheus_url,
+        "kube-state-metrics": stack.addons.kube_state_metrics.metrics_url,
+    }
+    cluster.save_state()
+    start_operator(cluster)
     link = Path(args.kubeconfig)
     link.parent.mkdir(parents=True, exist_ok=True)
     link.write_text(cluster.kubeconfig.read_text())
-    print(f"Started the local control plane at {cluster.server} in {time.monotonic() - began:.1f}s.")
+    print(f"Started the local cluster at {cluster.server} in {time.monotonic() - began:.1f}s.")
     print(f"Logs and PIDs are in {workdir}.")
-    _print_usage(link)
+    _print_usage(cluster, link)
     return 0
 
 
-def _print_usage(kubeconfig: Path) -> None:
+def start_operator(cluster: Cluster, timeout: float = 60.0) -> None:
+    """Installs the InferenceService CRD and runs `pagoda-operator` as a component of the cluster."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
+    )
+    launcher = _procs.Launcher(cluster.bin_dir, cluster.workdir / "logs", detach=True)
+    (port,) = free_ports(1)
+    args = [f"--kubeconfig={cluster.kubeconfig}", "--metrics-host=127.0.0.1", f"--metrics-port={port}"]
+    cluster.pids["pagoda-operator"] = launcher.launch("pagoda-operator", args)
+    cluster.urls["pagoda-operator"] = f"http://127.0.0.1:{port}/metrics"
+    cluster.save_state()
+    _procs.wait_http(
+        launcher, "pagoda-operator", f"http://127.0.0.1:{port}/healthz", time.monotonic() + timeout
+    )
+
+
+def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
     kubectl = default_bin_dir() / "kubectl"
-    print(f"  export KUBECONFIG={kubeconfig}")
-    print(f"  {kubectl} get nodes        # two fake GPU nodes (kwok), nvidia.com/gpu: 8 each")
-    print("  make cluster-down           # stops it")
+    print(f"  kube-apiserver      {cluster.server}")
+    for name, url in cluster.urls.items():
+        print(f"  {name:<19} {url}")
+    print(f"  node agent          node {REAL_NODE}: pods run here as processes (log {cluster.workdir}/logs)")
+    print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
+    print(f"\n  export KUBECONFIG={kubeconfig}")
+    print(f"  {kubectl} get nodes      # {REAL_NODE} (real pods) and two kwok nodes with 8 fake GPUs each")
+    print(f"  {kubectl} apply -f examples/tiny-cpu.yaml   # a pod that serves chat at its pod IP")
+    print("  make cluster-down         # stops it all")
 
 
 def _cmd_down(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
 from e2e.cluster import start_private  # noqa: E402
+from e2e.fixtures import tiny_sample  # noqa: E402
 from e2e.observability import (  # noqa: E402
     OPERATOR_LABELS,
     RATE_INTERVAL,
@@ -130,8 +131,7 @@ def main(argv: list[str]) -> int:
             "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
         )
         cluster.kubectl("create", "namespace", "ml")
-        good = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
-        good["metadata"]["namespace"] = "ml"
+        good = tiny_sample("ml")
         broken = json.loads(json.dumps(good))
         broken["metadata"]["name"] = "tiny-broken"
         broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"

@@ -17,9 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e import _objects
 from e2e.cluster import Cluster, ToolsMissingError, check_bin_dir, default_bin_dir, start_private
+from e2e.processes import OperatorProcess
+from e2e.stack import Stack, run_operator, start_stack
 
 
 @pytest.fixture(scope="session")
@@ -50,6 +53,26 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
+def stack(cluster: Cluster) -> Iterator[Stack]:
+    """The add-ons (KEDA, kube-state-metrics, Prometheus synced with the ServiceMonitors) on the session's
+    private cluster. Not with $PAGODA_KUBECONFIG: a cluster from `make cluster-up` runs its own."""
+    if os.environ.get("PAGODA_KUBECONFIG"):
+        pytest.fail("Tests that use the add-ons start them on a private cluster: unset PAGODA_KUBECONFIG.")
+    running = start_stack(cluster)
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """`pagoda-operator` with admin credentials, the CRD installed; one per test module."""
+    with run_operator(cluster, tmp_path_factory.mktemp("operator") / "operator.log") as process:
+        yield process
+
+
+@pytest.fixture(scope="session")
 def cluster_api(cluster: Cluster) -> Iterator[Any]:
     """One kubernetes.client.ApiClient (admin) for the session."""
     api = cluster.api_client()
@@ -76,3 +99,17 @@ def namespace(cluster_api: Any, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         _objects.request(cluster_api, "DELETE", f"/api/v1/namespaces/{name}")
+
+
+TINY_SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
+
+
+def tiny_sample(namespace: str, name: str = "tiny", *, real_pods: bool = False) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml in `namespace` as `name`. With `real_pods` False its node selector and
+    toleration are dropped, so that its pods stay on kwok's simulated nodes (tests of the chart, the
+    dashboards and status that need no running engine); True keeps them on the node agent's real node."""
+    obj: dict[str, Any] = yaml.safe_load(TINY_SAMPLE.read_text())
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    if not real_pods:
+        obj["spec"].pop("scheduling")
+    return obj

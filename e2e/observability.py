@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,46 +169,88 @@ SHARED_PREFIX = (
 )
 
 
+@dataclass
+class Record:
+    """One request of a Load: when it started, got its first token and ended (monotonic seconds), where it
+    went, and its failure (None: HTTP 200 and the whole stream read)."""
+
+    started: float
+    first_token: float | None
+    ended: float
+    endpoint: str
+    failure: str | None
+
+
 class Load:
-    """`clients` threads sending streamed chat requests back to back until stopped.
+    """`clients` threads sending streamed chat requests back to back until stopped, each to the base URL
+    that `target` gives (a fixed URL, or a callable that picks one per request, as a Service would).
 
     The prompts share a long system prefix, so the prefix cache gets hits; there are more clients than
-    the engine's max-num-seqs, so requests queue."""
+    the engine's max-num-seqs, so requests queue. Bounded: at most `max_requests` requests and
+    `max_seconds` seconds in all, whatever the caller does."""
 
-    def __init__(self, url: str, model: str, clients: int = 6, max_tokens: int = 24) -> None:
-        self.url, self.model, self.clients, self.max_tokens = url, model, clients, max_tokens
+    def __init__(
+        self,
+        target: str | Callable[[], str],
+        model: str,
+        clients: int = 6,
+        max_tokens: int = 24,
+        max_requests: int = 20_000,
+        max_seconds: float = 1200.0,
+    ) -> None:
+        self.pick = target if callable(target) else (lambda: target)
+        self.model, self.clients, self.max_tokens = model, clients, max_tokens
+        self.max_requests, self.max_seconds = max_requests, max_seconds
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
-        self.completed = 0
-        self.failures: list[str] = []
+        self.records: list[Record] = []
+        self.in_flight = 0  # requests open right now
         self._lock = threading.Lock()
 
+    @property
+    def completed(self) -> int:
+        return sum(1 for r in self.records if r.failure is None)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"{r.endpoint}: {r.failure}" for r in self.records if r.failure is not None]
+
+    def _request(self, http: httpx.Client, index: int, n: int) -> Record:
+        body = {
+            "model": self.model,
+            "messages": [
+                {"role": "system", "content": SHARED_PREFIX},
+                {"role": "user", "content": f"Client {index}, question {n}: what is a GPU?"},
+            ],
+            "max_tokens": self.max_tokens,
+            "stream": True,
+        }
+        endpoint = self.pick()
+        started, first = time.monotonic(), None
+        try:
+            with http.stream("POST", f"{endpoint}/v1/chat/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if first is None and line.startswith("data: {"):
+                        first = time.monotonic()
+                failure = None if response.status_code == 200 else f"HTTP {response.status_code}"
+        except httpx.HTTPError as exc:
+            failure = repr(exc)
+        return Record(started, first, time.monotonic(), endpoint, failure)
+
     def _client(self, index: int) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as http:
+        end = time.monotonic() + self.max_seconds
+        with httpx.Client(timeout=120) as http:
             n = 0
-            while not self.stop_event.is_set():
-                n += 1
-                body = {
-                    "model": self.model,
-                    "messages": [
-                        {"role": "system", "content": SHARED_PREFIX},
-                        {"role": "user", "content": f"Client {index}, question {n}: what is a GPU?"},
-                    ],
-                    "max_tokens": self.max_tokens,
-                    "stream": True,
-                }
-                try:
-                    with http.stream("POST", "/v1/chat/completions", json=body) as response:
-                        for _ in response.iter_lines():
-                            pass
-                        failure = None if response.status_code == 200 else f"HTTP {response.status_code}"
-                except httpx.HTTPError as exc:
-                    failure = repr(exc)
+            while not self.stop_event.is_set() and time.monotonic() < end:
                 with self._lock:
-                    if failure is None:
-                        self.completed += 1
-                    else:
-                        self.failures.append(failure)
+                    if len(self.records) >= self.max_requests:
+                        return
+                    self.in_flight += 1
+                n += 1
+                record = self._request(http, index, n)
+                with self._lock:
+                    self.in_flight -= 1
+                    self.records.append(record)
 
     def start(self) -> Load:
         for index in range(self.clients):

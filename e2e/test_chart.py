@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from e2e.chartenv import (
     service_account_kubeconfig,
 )
 from e2e.cluster import Cluster
+from e2e.fixtures import tiny_sample
 from e2e.processes import OperatorProcess, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -46,11 +48,11 @@ HEALTH_LUA = REPO / "argocd" / "resource_customizations" / "pagoda.dev" / "Infer
 
 
 def sample(namespace: str, name: str, autoscaled: bool = False) -> dict[str, Any]:
-    obj = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
-    obj["metadata"] = {"name": name, "namespace": namespace}
+    obj = tiny_sample(namespace, name)
     if autoscaled:
         obj["spec"].pop("replicas", None)
         obj["spec"]["autoscaling"] = {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 4}
+        obj["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True}}  # autoscaling needs metrics
     return dict(obj)
 
 
@@ -187,6 +189,36 @@ def test_install_creates_every_object(cluster: Cluster, release_ns: str, install
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
+# How the operator logs a failed API call: error='<status> <Reason>: <message>' (reconcile/kube.py KubeError).
+API_ERROR = re.compile(r"""\berror=(['"])(?P<status>\d{3}) (?P<reason>[A-Za-z]*):""")
+# What kopf logs when its watches or lists are refused.
+KOPF_REFUSED = ("Not enough permissions", "APIForbiddenError")
+
+
+def permission_errors(log: str) -> list[str]:
+    """Log lines that report a refused API call: a parsed status 403 or reason Forbidden, or kopf's
+    warnings (never a bare "403", which a timestamp's milliseconds can contain)."""
+    found = []
+    for line in log.splitlines():
+        match = API_ERROR.search(line)
+        if match and (match["status"] == "403" or match["reason"] == "Forbidden"):
+            found.append(line)
+        elif any(phrase in line for phrase in KOPF_REFUSED):
+            found.append(line)
+    return found
+
+
+def test_permission_errors_match_errors_not_timestamps() -> None:
+    ok = "2026-05-01 22:45:21,403 level=INFO logger=pagoda.operator.reconcile Created Deployment name=x"
+    refused = (
+        "2026-05-01 22:45:22,118 level=WARNING logger=pagoda.operator.workqueue Failed to reconcile name=x "
+        "namespace=y retry_in=1s error='403 Forbidden: deployments.apps is forbidden: User cannot patch'"
+    )
+    other = "2026-05-01 22:45:23,403 level=WARNING logger=x Failed error='409 Conflict: 403 objects'"
+    assert permission_errors("\n".join([ok, other])) == []
+    assert permission_errors("\n".join([ok, refused, other])) == [refused]
+
+
 def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
     cluster: Cluster, release_ns: str, operator: OperatorProcess, samples: tuple[str, Path]
 ) -> None:
@@ -198,9 +230,9 @@ def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
     assert not exists(cluster, "scaledobject", namespace, "tiny")
     events = kubectl_json(cluster, "get", "events", "-n", namespace)["items"]
     assert any(e.get("reportingComponent") == "pagoda-operator" for e in events)
-    log = operator.log()
-    for bad in ("403", "Forbidden", "Not enough permissions"):
-        assert bad not in log, f"the operator hit {bad!r} with the chart's RBAC:\n{log[-3000:]}"
+    refused = permission_errors(operator.log())
+    assert not refused, "the operator was refused API calls with the chart's RBAC:\n" + "\n".join(refused)
+    assert operator.total("pagoda_operator_reconcile_errors_total", reason="Forbidden") == 0
     # The API server enforced the ServiceAccount's permissions: what the chart does not grant is refused.
     who = f"--as=system:serviceaccount:{release_ns}:pagoda"
     assert (

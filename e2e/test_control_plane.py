@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from e2e import podnet
 from e2e._objects import GPU_PRODUCT_LABEL, GPU_RESOURCE, request
 from e2e._procs import all_alive
 from e2e.cluster import (
     COMPONENTS,
     GPU_NODES,
     GPU_PRODUCT,
+    REAL_NODE,
     REPO_ROOT,
     Cluster,
     ToolsMissingError,
@@ -28,13 +30,32 @@ from e2e.cluster import (
 from e2e.processes import wait_until
 
 pytestmark = pytest.mark.e2e
+# What `python -m e2e.cluster up` runs: the control plane, the node agent, the add-ons and the operator.
+UP_COMPONENTS = [
+    *COMPONENTS,
+    "node-agent",
+    "keda-operator",
+    "keda-adapter",
+    "kube-state-metrics",
+    "monitoring",
+]
+UP_COMPONENTS.append("pagoda-operator")
 
 
-def test_cluster_serves_with_fake_gpu_nodes(cluster: Cluster) -> None:
+def test_cluster_serves_with_fake_gpu_nodes_and_the_real_node(cluster: Cluster) -> None:
     assert cluster.kubectl("get", "--raw", "/readyz").stdout == "ok"
-    nodes = json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
-    assert sorted(n["metadata"]["name"] for n in nodes) == sorted(GPU_NODES)
-    for node in nodes:
+    nodes = {
+        n["metadata"]["name"]: n
+        for n in json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    }
+    assert sorted(nodes) == sorted([*GPU_NODES, REAL_NODE])
+    real = nodes.pop(REAL_NODE)
+    assert real["status"]["allocatable"][GPU_RESOURCE] == "4"
+    assert [c["status"] for c in real["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
+    assert real["spec"]["taints"] == [
+        {"key": "pagoda.dev/node-agent", "value": "true", "effect": "NoSchedule"}
+    ]
+    for node in nodes.values():
         assert node["status"]["allocatable"][GPU_RESOURCE] == "8"
         assert node["metadata"]["labels"][GPU_PRODUCT_LABEL] == GPU_PRODUCT
         ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
@@ -219,10 +240,10 @@ def test_cli_up_and_down_manage_exactly_their_processes(cluster: Cluster, tmp_pa
     up = subprocess.run(
         [*cli, "up", *flags], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=180
     )
-    assert up.returncode == 0, up.stderr
     state = Cluster.load_state(workdir)
-    assert state is not None and sorted(state.pids) == sorted(COMPONENTS)
     try:
+        assert up.returncode == 0, up.stderr
+        assert state is not None and sorted(state.pids) == sorted(UP_COMPONENTS)
         assert all_alive(state.pids, cluster.bin_dir)
         detached = Cluster.from_kubeconfig(kubeconfig, cluster.bin_dir)
         assert detached.server == state.server != cluster.server
@@ -232,7 +253,35 @@ def test_cli_up_and_down_manage_exactly_their_processes(cluster: Cluster, tmp_pa
             [*cli, "down", *flags], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=60
         )
     assert down.returncode == 0, down.stderr
+    assert state is not None
     assert not any(all_alive({name: pid}, cluster.bin_dir) for name, pid in state.pids.items())
     assert not kubeconfig.exists()
     # The session's own cluster is untouched.
     assert cluster.kubectl("get", "--raw", "/readyz").stdout == "ok"
+
+
+def test_sweep_removes_what_a_killed_node_agent_left() -> None:
+    """A node agent killed with SIGKILL leaves its pods' processes, namespaces and bridge; the next sweep (at
+    any agent's start and at `cluster down`) removes them, and never touches a live agent's."""
+    dead_agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    live = podnet.PodNetwork("5ee1ive")
+    try:
+        live_ns, _ = live.add_pod("live0001")
+        # An agent that then dies: its pid file names a process that is gone.
+        orphan = podnet.PodNetwork("5eedead")
+        (podnet.RUN_DIR / "5eedead.pid").write_text(str(dead_agent.pid))
+        orphan_ns, _ = orphan.add_pod("dead0001")
+        sleeper = subprocess.Popen(
+            ["sleep", "600"], preexec_fn=lambda: podnet.setns_net(orphan_ns), start_new_session=True
+        )
+        dead_agent.kill()
+        dead_agent.wait()
+        removed = podnet.sweep()
+        assert f"netns {orphan_ns}" in removed and "link pgbr5eedead" in removed
+        assert sleeper.wait(timeout=10) == -9
+        assert orphan_ns not in podnet._netns_names()
+        assert live_ns in podnet._netns_names()
+    finally:
+        dead_agent.kill()
+        live.close()
+    assert live_ns not in podnet._netns_names()

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from e2e.cluster import Cluster, default_bin_dir
+from e2e.fixtures import tiny_sample
 from e2e.observability import OPERATOR_LABELS, RATE_INTERVAL, RUNTIME_LABELS, Load, Prometheus, Runtime
 from e2e.processes import VENV_BIN, OperatorProcess, wait_until
 
@@ -153,8 +154,7 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path
     )
     namespace = f"obs-{int(time.time())}"
     cluster.kubectl("create", "namespace", namespace)
-    sample = yaml.safe_load((REPO / "examples" / "tiny-cpu.yaml").read_text())
-    sample["metadata"]["namespace"] = namespace
+    sample = tiny_sample(namespace)
     broken = json.loads(json.dumps(sample))
     broken["metadata"]["name"] = "tiny-broken"
     broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"

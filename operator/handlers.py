@@ -1,9 +1,10 @@
 """kopf registration only: every watch event turns into "reconcile this InferenceService" on the queue.
 
-The InferenceService itself and every child kind (labelled managed-by pagoda-operator) are watched with
-`kopf.on.event`, which keeps no state on the objects: no finalizer, no last-handled annotation, nothing
-written back by kopf. A child's event queues its owner, so a deleted or hand-edited child is restored and
-status follows the Deployment's readiness.
+The InferenceService itself, every child kind and the pods (labelled managed-by pagoda-operator, filtered
+by the API server) are watched with `kopf.on.event`, which keeps no state on the objects: no finalizer, no
+last-handled annotation, nothing written back by kopf. A child's or a pod's event queues its owner (the
+`pagoda.dev/inferenceservice` label), so a deleted or hand-edited child is restored, status follows the
+Deployment's readiness, and a crashing pod's reason reaches the Degraded condition.
 """
 
 from __future__ import annotations
@@ -15,11 +16,15 @@ import kopf
 
 from pagoda.operator.api import GROUP, PLURAL, VERSION
 from pagoda.operator.reconcile.cache import ObjectCache
+from pagoda.operator.reconcile.pods import POD_KIND
 from pagoda.operator.reconcile.workqueue import WorkQueue
 from pagoda.operator.resources import CHILD_KINDS
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": "pagoda-operator"}
+MANAGED_BY_SELECTOR = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
 OWNER_LABEL = "pagoda.dev/inferenceservice"
+# Every kind watched for its owner's sake: the children and the pods of their ReplicaSets.
+WATCHED_KINDS: list[tuple[str, str, str]] = [*CHILD_KINDS, POD_KIND]
 
 
 def configure(settings: kopf.OperatorSettings, watch_timeout: int) -> None:
@@ -33,6 +38,9 @@ def configure(settings: kopf.OperatorSettings, watch_timeout: int) -> None:
     # Unused while only event handlers are registered; set so that nothing would land in annotations.
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="pagoda.dev")
+    # Server-side filtering: the API server sends only Pagoda's objects (not every pod in the cluster).
+    for api_version, _kind, plural in WATCHED_KINDS:
+        settings.watching.label_selectors[api_version, plural] = MANAGED_BY_SELECTOR
 
 
 def connection_info(config: Any) -> kopf.ConnectionInfo:
@@ -91,7 +99,7 @@ def build_registry(
         if owner and namespace:
             queue.add((namespace, owner))
 
-    for api_version, kind, plural in CHILD_KINDS:
+    for api_version, kind, plural in WATCHED_KINDS:
         kopf.on.event(
             api_version,
             plural,

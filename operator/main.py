@@ -16,12 +16,12 @@ from kubernetes import client, config
 
 from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL
-from pagoda.operator.handlers import MANAGED_BY, build_registry
+from pagoda.operator.handlers import MANAGED_BY_SELECTOR, WATCHED_KINDS, build_registry
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
-from pagoda.operator.resources import CHILD_KINDS, DEFAULT_RUNTIME_IMAGE
+from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
 
 log = logging.getLogger("pagoda.operator")
 
@@ -76,11 +76,11 @@ def api_client(kubeconfig: str | None, pool_size: int) -> client.ApiClient:
 
 
 def refresh(kube: Kube, cache: ObjectCache, namespace: str | None) -> list[dict[str, object]]:
-    """List InferenceServices and every child kind into the cache (one call per kind); returns the owners."""
-    selector = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
-    for api_version, kind, plural in CHILD_KINDS:
+    """List InferenceServices, every child kind and the pods into the cache (one call per kind); returns
+    the owners."""
+    for api_version, kind, plural in WATCHED_KINDS:
         try:
-            cache.replace(api_version, kind, kube.list(api_version, plural, namespace, selector))
+            cache.replace(api_version, kind, kube.list(api_version, plural, namespace, MANAGED_BY_SELECTOR))
         except KubeError as exc:
             if exc.status != 404:  # 404: that API (e.g. KEDA) is not installed
                 raise

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import sys
+from types import ModuleType
 
-from pagoda.runtime.config import ConfigError, add_serve_flags, config_from_args
+from pagoda.runtime import termination
+from pagoda.runtime.config import ConfigError, ServeConfig, add_serve_flags, config_from_args
 
 log = logging.getLogger("pagoda.runtime")
 
@@ -40,6 +44,7 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
     try:
         config = config_from_args(ns, extra)
     except ConfigError as exc:
+        termination.write(termination.invalid_config(str(exc)))
         parser.exit(2, f"pagoda-runtime serve: error: {exc}\n")
 
     import uvloop
@@ -47,11 +52,29 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
     from pagoda.runtime import engine, lifecycle
 
     engine.apply_env_defaults()
-    vllm_args = engine.parse_vllm_args(config, model_path=config.model)
+    vllm_args = _parse_vllm_args(engine, config)
     log.info("Starting runtime model=%s name=%s port=%d", config.model, config.name, config.port)
     runtime = lifecycle.Runtime(config, vllm_args)
     code: int = uvloop.run(runtime.run())
     return code
+
+
+def _parse_vllm_args(engine: ModuleType, config: ServeConfig) -> argparse.Namespace:
+    """vLLM's parser prints its error and exits 2; its last line also becomes the termination message."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args: argparse.Namespace = engine.parse_vllm_args(config, model_path=config.model)
+    except SystemExit as exc:
+        sys.stderr.write(captured.getvalue())
+        lines = captured.getvalue().strip().splitlines()
+        termination.write(termination.invalid_config(lines[-1] if lines else f"exit status {exc.code}"))
+        raise
+    except (TypeError, ValueError) as exc:  # validate_parsed_serve_args
+        termination.write(termination.invalid_config(str(exc)))
+        raise SystemExit(2) from exc
+    sys.stderr.write(captured.getvalue())
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

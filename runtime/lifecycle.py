@@ -1,6 +1,7 @@
 """The process lifecycle: bind, serve probes, load the engine, watch it, drain on SIGTERM, exit clean.
 
-Exit status: 0 after a drain; 1 when the model cannot be resolved or loaded, or the engine dies.
+Exit status: 0 after a drain; 1 when the model cannot be resolved or loaded, or the engine dies. A failure
+to start also writes a termination message (termination.py) naming its reason and the field to change.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import psutil  # type: ignore[import-untyped,unused-ignore]
 import uvicorn
 
 from pagoda.runtime import engine as eng
-from pagoda.runtime import sources
+from pagoda.runtime import enginefailure, sources, termination
 from pagoda.runtime.config import ServeConfig
 from pagoda.runtime.server import PagodaApp, RuntimeState
 
@@ -105,7 +106,7 @@ class Runtime:
         try:
             sock = bind(self.config.host, self.config.port)
         except OSError as exc:
-            log.error("Failed to bind host=%s port=%d error=%s", self.config.host, self.config.port, exc)
+            termination.write(termination.bind_failed(self.config.host, self.config.port, str(exc)))
             return 1
         server = _NoSignalServer(
             uvicorn.Config(
@@ -133,6 +134,7 @@ class Runtime:
     async def _load_and_serve(self, server: uvicorn.Server, stack: AsyncExitStack) -> None:
         source = sources.parse_model_uri(self.config.model)
         args, config = self.vllm_args, self.config
+        report = enginefailure.prepare_report()  # before any engine process starts
 
         def load() -> Any:
             path = sources.resolve(source, config.cache_dir, config.revision)
@@ -155,6 +157,11 @@ class Runtime:
             self.state.engine_registry = _engine_registry()
         except Exception as exc:
             log.error("Failed to load model uri=%s error=%s: %s", config.model, type(exc).__name__, exc)
+            if isinstance(exc, sources.ModelSourceError):
+                fatal = termination.model_source(exc.reason, str(exc))
+            else:
+                fatal = termination.engine_start(exc, enginefailure.read_report(report), config.max_model_len)
+            termination.write(fatal)
             self.request_stop("model load failed", exit_code=1)
             return
         self.state.status.model_load_seconds = time.monotonic() - self.started

@@ -40,8 +40,22 @@ _S3_AUTH_CODES = {
 }
 
 
+# huggingface_hub errors (by class name) that say the model is not there or not ours to read.
+_HF_REASONS = {
+    "RepositoryNotFoundError": "ModelNotFound",
+    "RevisionNotFoundError": "ModelNotFound",
+    "EntryNotFoundError": "ModelNotFound",
+    "GatedRepoError": "ModelAccessDenied",
+}
+
+
 class ModelSourceError(ValueError):
-    """The model URI is malformed, or the model behind it is missing or broken."""
+    """The model URI is malformed, or the model behind it is missing or broken. `reason` is the stable
+    CamelCase word the termination message starts with (see termination.py)."""
+
+    def __init__(self, message: str, reason: str = "ModelURIInvalid") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -97,14 +111,16 @@ def parse_model_uri(uri: str) -> ModelSource:
 def check_model_dir(uri: str, path: Path) -> Path:
     """A loadable model directory has a readable config.json; anything else is a clear error."""
     if not path.is_dir():
-        raise ModelSourceError(f"model {uri}: {path} does not exist or is not a directory")
+        raise ModelSourceError(f"model {uri}: {path} does not exist or is not a directory", "ModelNotFound")
     config = path / "config.json"
     try:
         json.loads(config.read_text())
     except FileNotFoundError:
-        raise ModelSourceError(f"model {uri}: no config.json in {path}") from None
+        raise ModelSourceError(f"model {uri}: no config.json in {path}", "ModelInvalid") from None
     except (OSError, ValueError) as exc:
-        raise ModelSourceError(f"model {uri}: {config} is unreadable or not JSON ({exc})") from None
+        raise ModelSourceError(
+            f"model {uri}: {config} is unreadable or not JSON ({exc})", "ModelInvalid"
+        ) from None
     return path
 
 
@@ -167,7 +183,8 @@ def _resolve_hf(source: ModelSource, cache: Path, revision: str | None) -> Path:
         except Exception:
             raise ModelSourceError(
                 f"model {source.uri}: could not download it ({type(online_error).__name__}: {online_error}) "
-                f"and no cached copy is in {cache}"
+                f"and no cached copy is in {cache}",
+                _HF_REASONS.get(type(online_error).__name__, "ModelDownloadFailed"),
             ) from None
         log.warning(
             "Used cached model copy uri=%s path=%s reason=%s", source.uri, path, type(online_error).__name__
@@ -184,7 +201,8 @@ def _s3_client(uri: str) -> Any:
     if not access or not secret:
         raise ModelSourceError(
             f"model {uri}: s3:// needs credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-            "(the InferenceService's credentialsSecret)"
+            "(the InferenceService's credentialsSecret)",
+            "ModelAccessDenied",
         )
     var = next((v for v in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL") if os.environ.get(v)), "")
     endpoint = os.environ[var] if var else S3_ENDPOINT_DEFAULT
@@ -206,12 +224,13 @@ def _s3_error(uri: str, exc: Exception) -> ModelSourceError:
 
     code = exc.code if isinstance(exc, S3Error) else ""
     if code == "NoSuchBucket":
-        why = f"the bucket does not exist ({code})"
+        why, reason = f"the bucket does not exist ({code})", "ModelNotFound"
     elif code in _S3_AUTH_CODES:
         why = f"the store refused the credentials in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY ({code})"
+        reason = "ModelAccessDenied"
     else:
-        why = f"download failed ({type(exc).__name__}: {exc})"
-    return ModelSourceError(f"model {uri}: {why}")
+        why, reason = f"download failed ({type(exc).__name__}: {exc})", "ModelDownloadFailed"
+    return ModelSourceError(f"model {uri}: {why}", reason)
 
 
 def _resolve_s3(source: ModelSource, cache: Path) -> Path:
@@ -227,12 +246,16 @@ def _resolve_s3(source: ModelSource, cache: Path) -> Path:
             if obj.object_name and not obj.is_dir
         ]
         if not objects:
-            raise ModelSourceError(f"model {source.uri}: no objects under s3://{bucket}/{prefix}")
+            raise ModelSourceError(
+                f"model {source.uri}: no objects under s3://{bucket}/{prefix}", "ModelNotFound"
+            )
         total, done, fetched = sum(size for _, _, size in objects), 0, 0
         progress = _Progress(source.uri)
         for count, (rel, key, size) in enumerate(objects, 1):
             if not rel or ".." in Path(rel).parts:
-                raise ModelSourceError(f"model {source.uri}: refused object key {key!r} (escapes the prefix)")
+                raise ModelSourceError(
+                    f"model {source.uri}: refused object key {key!r} (escapes the prefix)", "ModelInvalid"
+                )
             dest = target / rel
             if not (dest.is_file() and dest.stat().st_size == size):
                 dest.parent.mkdir(parents=True, exist_ok=True)

@@ -1,24 +1,30 @@
 #!/usr/bin/env bash
 # Builds the local control plane's programs from the Go module in this folder (versions pinned in go.mod),
-# builds the MinIO server for the s3:// model-source test from its own module in minio/ (pinned in
-# minio/go.mod, apart so that its dependency graph never meets the Kubernetes pins), and copies the
-# third-party CRDs out of their own Go modules (versions pinned below).
+# and, each from a module of its own (apart so that their dependency graphs never meet the Kubernetes pins):
+# the MinIO server for the s3:// model-source test (minio/go.mod), KEDA's operator and metrics adapter
+# (keda/go.mod) and kube-state-metrics (kube-state-metrics/go.mod), the e2e add-ons. Copies the third-party
+# CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the Prometheus Operator's pinned below).
 #
 #   bash e2e/tools/build.sh OUTDIR      (the Makefile runs: bash e2e/tools/build.sh .pagoda-dev/bin)
 #
-# OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, minio
-# and crds/*.yaml. Idempotent: OUTDIR/.build-stamp holds a hash of both modules' go.mod and go.sum and this
-# script; when it matches and every output exists, nothing is done. Go's module and build caches make a
-# rebuild after a version change incremental.
+# OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, minio,
+# keda-operator, keda-adapter, kube-state-metrics and crds/*.yaml. Idempotent: OUTDIR/.build-stamp holds a
+# hash of every module's go.mod and go.sum and this script; when it matches and every output exists, nothing
+# is done. Go's module and build caches make a rebuild after a version change incremental.
 set -euo pipefail
 
 KEDA_MODULE=github.com/kedacore/keda/v2
-KEDA_VERSION=v2.21.0
+KSM_MODULE=k8s.io/kube-state-metrics/v2
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.85.0
 
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm minio)
-CRDS=(keda.sh_scaledobjects.yaml monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_prometheusrules.yaml)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm minio
+    keda-operator keda-adapter kube-state-metrics)
+# All six of KEDA's CRDs (its operator watches every kind), then the Prometheus Operator's two.
+KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml
+    keda.sh_clustertriggerauthentications.yaml eventing.keda.sh_cloudeventsources.yaml
+    eventing.keda.sh_clustercloudeventsources.yaml)
+CRDS=("${KEDA_CRDS[@]}" monitoring.coreos.com_servicemonitors.yaml monitoring.coreos.com_prometheusrules.yaml)
 # kwok's own default stages (what kwokctl installs): nodes become Ready and keep a lease, scheduled pods
 # become Running and Ready, deleted pods go away.
 KWOK_STAGES=(node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml
@@ -32,7 +38,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$1/crds"
 out="$(cd "$1" && pwd)"
 
-stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/minio/go.mod" "$here/minio/go.sum" |
+stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/minio/go.mod" "$here/minio/go.sum" \
+    "$here/keda/go.mod" "$here/keda/go.sum" "$here/kube-state-metrics/go.mod" "$here/kube-state-metrics/go.sum" |
     sha1sum | cut -c1-16)"
 current=1
 [[ "$(cat "$out/.build-stamp" 2>/dev/null)" == "$stamp" ]] || current=0
@@ -50,6 +57,8 @@ export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 # checks a chart's kubeVersion against chartutil's). Taken from go.mod, the single source of the versions.
 k8s_version="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 helm_version="$(go list -m -f '{{.Version}}' helm.sh/helm/v3)"
+keda_version="$(go -C keda list -m -f '{{.Version}}' "$KEDA_MODULE")"
+ksm_version="$(go -C kube-state-metrics list -m -f '{{.Version}}' "$KSM_MODULE")"
 k8s_minor="$(cut -d. -f2 <<<"$k8s_version")"
 k8s_x=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -59,6 +68,8 @@ helm_x="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/hel
 for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
     helm_x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
 done
+keda_x="-X $KEDA_MODULE/version.Version=$keda_version"
+ksm_x="-X github.com/prometheus/common/version.Version=$ksm_version"
 build_flags=(-trimpath)
 total_start=$SECONDS
 step_start=$SECONDS
@@ -75,15 +86,26 @@ build_minio() {
     (cd "$here/minio" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/minio" github.com/minio/minio)
 }
 
+build_keda() {
+    (cd "$here/keda" && go build "${build_flags[@]}" -ldflags="-s -w $keda_x" -o "$out/keda-$1" "$KEDA_MODULE/cmd/$1")
+}
+
+build_kube_state_metrics() {
+    (cd "$here/kube-state-metrics" &&
+        go build "${build_flags[@]}" -ldflags="-s -w $ksm_x" -o "$out/kube-state-metrics" "$KSM_MODULE")
+}
+
 module_dir() {
     go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
 
 copy_crds() {
     local keda promop
-    keda="$(module_dir "$KEDA_MODULE" "$KEDA_VERSION")"
+    keda="$(go -C "$here/keda" list -m -f '{{.Dir}}' "$KEDA_MODULE")"
     promop="$(module_dir "$PROMOP_MODULE" "$PROMOP_VERSION")"
-    install -m 0644 "$keda/config/crd/bases/keda.sh_scaledobjects.yaml" "$out/crds/"
+    for f in "${KEDA_CRDS[@]}"; do
+        install -m 0644 "$keda/config/crd/bases/$f" "$out/crds/"
+    done
     for kind in servicemonitors prometheusrules; do
         install -m 0644 "$promop/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$out/crds/"
     done
@@ -99,6 +121,8 @@ copy_kwok_stages() {
 }
 
 step "download modules" go mod download
+step "download modules (keda/)" go -C keda mod download
+step "download modules (kube-state-metrics/)" go -C kube-state-metrics mod download
 step "build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes)" \
     go build "${build_flags[@]}" -ldflags="-s -w$k8s_x" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
@@ -108,8 +132,11 @@ step "build kwok (sigs.k8s.io/kwok)" go build "${build_flags[@]}" -ldflags="-s -
 step "build helm (helm.sh/helm/v3)" go build "${build_flags[@]}" -ldflags="-s -w $helm_x" -o "$out/helm" \
     helm.sh/helm/v3/cmd/helm
 step "build minio (github.com/minio/minio, module minio/)" build_minio
+step "build keda-operator ($KEDA_MODULE $keda_version, module keda/)" build_keda operator
+step "build keda-adapter ($KEDA_MODULE $keda_version, module keda/)" build_keda adapter
+step "build kube-state-metrics ($KSM_MODULE $ksm_version, module kube-state-metrics/)" build_kube_state_metrics
 step "copy kwok's default stages" copy_kwok_stages
-step "copy CRDs (KEDA $KEDA_VERSION, Prometheus Operator $PROMOP_VERSION)" copy_crds
+step "copy CRDs (KEDA $keda_version, Prometheus Operator $PROMOP_VERSION)" copy_crds
 
 echo "$stamp" >"$out/.build-stamp"
 echo "Built ${BINARIES[*]}, kwok-stages.yaml and ${#CRDS[@]} CRDs into $out in $((SECONDS - total_start))s."

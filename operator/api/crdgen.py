@@ -57,7 +57,7 @@ def crd() -> dict[str, Any]:
     """The CustomResourceDefinition as a dict."""
     root = {
         "description": "InferenceService serves an LLM with the Pagoda runtime (vLLM): a GPU Deployment, "
-        "a Service, a PodDisruptionBudget and a KEDA ScaledObject that scales on queue depth.",
+        "a Service, a PodDisruptionBudget and a KEDA ScaledObject that scales on its load.",
         "type": "object",
         "properties": {
             "apiVersion": {

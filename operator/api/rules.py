@@ -40,6 +40,19 @@ MSG_SECRET_ENV = (
 MSG_GPU_MEMORY = "spec.engine.gpuMemoryUtilization must be greater than 0 and at most 1"
 MSG_MIN_MAX = "spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas"
 MSG_KV_TARGET = "spec.autoscaling.kvCacheUsage.targetRatio must be greater than 0 and at most 1"
+MSG_TARGET_IN_FLIGHT = (
+    "spec.autoscaling.targetInFlight is the target of metric InFlight: do not set it with metric QueueDepth "
+    "or together with targetQueueDepth"
+)
+MSG_TARGET_QUEUE_DEPTH = (
+    "spec.autoscaling.targetQueueDepth is the target of metric QueueDepth: with metric InFlight set "
+    "targetInFlight instead"
+)
+MSG_AUTOSCALING_METRICS = (
+    "spec.autoscaling scales on the runtime's metrics in Prometheus, and nothing collects them: set "
+    "spec.monitoring.serviceMonitor.enabled to true, or spec.autoscaling.metricsSource to External when "
+    "Prometheus scrapes the pods another way"
+)
 MSG_REPLICAS_XOR = "spec.replicas and spec.autoscaling are mutually exclusive: set one of them"
 MSG_TENSOR_PARALLEL = "spec.engine.tensorParallelSize must equal spec.resources.gpu.count (no GPU left idle)"
 MSG_NAME = "metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"
@@ -74,7 +87,18 @@ ENGINE_RULES = [
     ),
 ]
 AUTOSCALING_RULES = [
-    rule("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas", MSG_MIN_MAX, ".minReplicas")
+    rule("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas", MSG_MIN_MAX, ".minReplicas"),
+    rule(
+        "!has(self.targetInFlight)"
+        " || (has(self.metric) ? self.metric == 'InFlight' : !has(self.targetQueueDepth))",
+        MSG_TARGET_IN_FLIGHT,
+        ".targetInFlight",
+    ),
+    rule(
+        "!has(self.targetQueueDepth) || !has(self.metric) || self.metric == 'QueueDepth'",
+        MSG_TARGET_QUEUE_DEPTH,
+        ".targetQueueDepth",
+    ),
 ]
 KV_TRIGGER_RULES = [
     rule("self.targetRatio > 0.0 && self.targetRatio <= 1.0", MSG_KV_TARGET, ".targetRatio"),
@@ -86,6 +110,16 @@ SPEC_RULES = [
         " || self.engine.tensorParallelSize == self.resources.gpu.count",
         MSG_TENSOR_PARALLEL,
         ".engine.tensorParallelSize",
+    ),
+    # Defaults are not in the CRD, so an absent metricsSource or enabled means their defaults
+    # (ServiceMonitor, false).
+    rule(
+        "!has(self.autoscaling)"
+        " || (has(self.autoscaling.metricsSource) && self.autoscaling.metricsSource == 'External')"
+        " || (has(self.monitoring) && has(self.monitoring.serviceMonitor)"
+        " && has(self.monitoring.serviceMonitor.enabled) && self.monitoring.serviceMonitor.enabled)",
+        MSG_AUTOSCALING_METRICS,
+        ".autoscaling",
     ),
 ]
 

@@ -1,11 +1,27 @@
-"""spec.autoscaling: a KEDA ScaledObject on the runtime's queue depth (and optionally KV-cache usage)."""
+"""spec.autoscaling: a KEDA ScaledObject on the runtime's in-flight requests or queue depth (and optionally
+KV-cache usage)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from .base import ApiModel
-from .rules import AUTOSCALING_RULES, KV_TRIGGER_RULES, MSG_KV_TARGET, MSG_MIN_MAX, validations
+from .rules import (
+    AUTOSCALING_RULES,
+    KV_TRIGGER_RULES,
+    MSG_KV_TARGET,
+    MSG_MIN_MAX,
+    MSG_TARGET_IN_FLIGHT,
+    MSG_TARGET_QUEUE_DEPTH,
+    validations,
+)
+
+ScalingMetric = Literal["InFlight", "QueueDepth"]
+MetricsSource = Literal["ServiceMonitor", "External"]
+DEFAULT_TARGET_IN_FLIGHT = 32
+DEFAULT_TARGET_QUEUE_DEPTH = 5
 
 
 class KvCacheTrigger(ApiModel):
@@ -35,17 +51,41 @@ class AutoscalingSpec(ApiModel):
         default=1,
         ge=1,
         le=1000,
-        description="Fewest replicas (at least 1: queue depth is measured on the replicas themselves).",
+        description="Fewest replicas (at least 1: the load is measured on the replicas themselves).",
     )
     max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
-    target_queue_depth: int = Field(
-        default=5,
+    metric: ScalingMetric | None = Field(
+        default=None,
+        description="What the main trigger measures, per replica: InFlight, the requests the engine is "
+        "running plus those waiting (pagoda_running_requests + pagoda_queue_depth), or QueueDepth, the "
+        "waiting ones only (pagoda_queue_depth; with continuous batching it rises only once the batch, "
+        "engine.maxNumSeqs, is full, after latency has already grown). Default: InFlight, or QueueDepth "
+        "when only targetQueueDepth is set.",
+    )
+    target_in_flight: int | None = Field(
+        default=None,
         ge=1,
         le=100_000,
-        description="Waiting requests per replica (pagoda_queue_depth) to aim for.",
+        description="In-flight requests (running + waiting) per replica to aim for, with metric InFlight. "
+        f"Default: {DEFAULT_TARGET_IN_FLIGHT}. Set it at or a little below the concurrency that still meets "
+        "your latency goal; above engine.maxNumSeqs the excess waits in the queue.",
+    )
+    target_queue_depth: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="Waiting requests per replica (pagoda_queue_depth) to aim for, with metric QueueDepth. "
+        f"Default: {DEFAULT_TARGET_QUEUE_DEPTH}.",
     )
     kv_cache_usage: KvCacheTrigger | None = Field(
         default=None, description="Optional second trigger on KV-cache usage."
+    )
+    metrics_source: MetricsSource = Field(
+        default="ServiceMonitor",
+        description="How the runtime's metrics reach Prometheus: ServiceMonitor (requires "
+        "monitoring.serviceMonitor.enabled) or External (collected another way, e.g. a PodMonitor or "
+        "annotation-based scraping; the series must carry the labels namespace and service=<name>, as "
+        "a ServiceMonitor's targets do).",
     )
     polling_interval: int = Field(
         default=15, ge=1, le=3600, description="Seconds between KEDA's metric queries."
@@ -66,7 +106,27 @@ class AutoscalingSpec(ApiModel):
     )
 
     @model_validator(mode="after")
-    def _min_le_max(self) -> AutoscalingSpec:
+    def _consistent(self) -> AutoscalingSpec:
         if self.min_replicas > self.max_replicas:
             raise ValueError(MSG_MIN_MAX)
+        in_flight, queue = self.target_in_flight is not None, self.target_queue_depth is not None
+        if in_flight and (self.metric != "InFlight" if self.metric else queue):
+            raise ValueError(MSG_TARGET_IN_FLIGHT)
+        if queue and self.metric not in (None, "QueueDepth"):
+            raise ValueError(MSG_TARGET_QUEUE_DEPTH)
         return self
+
+    @property
+    def scaling_metric(self) -> ScalingMetric:
+        """The metric in effect: as set, else QueueDepth for a spec that only names targetQueueDepth (the
+        API before `metric` existed), else InFlight."""
+        if self.metric is not None:
+            return self.metric
+        return "QueueDepth" if self.target_queue_depth is not None else "InFlight"
+
+    @property
+    def target_per_replica(self) -> int:
+        """The per-replica target of the metric in effect."""
+        if self.scaling_metric == "InFlight":
+            return self.target_in_flight or DEFAULT_TARGET_IN_FLIGHT
+        return self.target_queue_depth or DEFAULT_TARGET_QUEUE_DEPTH

@@ -7,7 +7,7 @@ from pydantic import ConfigDict, Field, model_validator
 from .base import ApiModel
 from .engine import EngineSpec
 from .model import ModelSource
-from .rules import MSG_REPLICAS_XOR, MSG_TENSOR_PARALLEL, SPEC_RULES, validations
+from .rules import MSG_AUTOSCALING_METRICS, MSG_REPLICAS_XOR, MSG_TENSOR_PARALLEL, SPEC_RULES, validations
 from .scaling import AutoscalingSpec
 from .workload import (
     DisruptionSpec,
@@ -21,7 +21,7 @@ from .workload import (
 
 
 class InferenceServiceSpec(ApiModel):
-    """An LLM served by the Pagoda runtime (vLLM) behind a Service, scaled on its queue depth."""
+    """An LLM served by the Pagoda runtime (vLLM) behind a Service, scaled on its load."""
 
     model_config = ConfigDict(json_schema_extra=validations(SPEC_RULES))
 
@@ -37,7 +37,7 @@ class InferenceServiceSpec(ApiModel):
     )
     autoscaling: AutoscalingSpec | None = Field(
         default=None,
-        description="Scale on queue depth with KEDA; mutually exclusive with replicas.",
+        description="Scale on in-flight requests or queue depth with KEDA; mutually exclusive with replicas.",
     )
     disruption: DisruptionSpec = Field(
         default_factory=DisruptionSpec, description="PodDisruptionBudget settings."
@@ -55,6 +55,9 @@ class InferenceServiceSpec(ApiModel):
         tp = self.engine.tensor_parallel_size
         if tp is not None and tp != self.resources.gpu.count:
             raise ValueError(MSG_TENSOR_PARALLEL)
+        monitored = self.monitoring.service_monitor.enabled
+        if self.autoscaling and self.autoscaling.metrics_source == "ServiceMonitor" and not monitored:
+            raise ValueError(MSG_AUTOSCALING_METRICS)
         return self
 
     @property

@@ -1,4 +1,4 @@
-"""What the operator last saw of InferenceServices and their children, so a reconcile pass reads nothing.
+"""What the operator last saw of InferenceServices, their children and their pods, so a pass reads nothing.
 
 Fed by the watch events kopf delivers (before the owner's key is queued) and by the responses to our own
 writes; primed with one list per kind before the workers start, and refreshed by every periodic resync.
@@ -35,6 +35,17 @@ def _newer(new: Obj, old: Obj | None) -> bool:
     return new_version >= old_version
 
 
+def _pick(listed: Obj, cached: Obj | None) -> Obj:
+    return listed if cached is None or _newer(listed, cached) else cached
+
+
+def _slim_pod(pod: Obj) -> Obj:
+    """What the status needs of a Pod (its name, labels and status): pods are many, their specs large."""
+    meta = pod.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp", "ownerReferences")
+    return {"metadata": {k: meta[k] for k in keep if k in meta}, "status": pod.get("status") or {}}
+
+
 class ObjectCache:
     def __init__(self, owner_kind: str) -> None:
         self.owner_kind = owner_kind
@@ -47,41 +58,71 @@ class ObjectCache:
     ) -> None:
         """Record an object seen in a watch event, a list or a write response (list items lack their
         apiVersion and kind: pass them)."""
+        entry = self._entry(obj, api_version, kind)
+        if entry is None:
+            return
+        owner_key, child_key, value = entry
+        with self._lock:
+            if child_key is None:
+                if deleted:
+                    self._owners.pop(owner_key, None)
+                elif _newer(value, self._owners.get(owner_key)):
+                    self._owners[owner_key] = value
+                return
+            bucket = self._children.setdefault(owner_key, {})
+            if deleted:
+                bucket.pop(child_key, None)
+            elif _newer(value, bucket.get(child_key)):
+                bucket[child_key] = value
+
+    def _entry(
+        self, obj: Obj, api_version: str | None, kind: str | None
+    ) -> tuple[Key, ChildKey | None, Obj] | None:
+        """Where `obj` goes: (owner key, None, obj) for an owner, (owner key, child key, obj with its
+        apiVersion and kind) for a labelled child; None for anything else."""
         meta = obj.get("metadata") or {}
         kind = obj.get("kind") or kind
         api_version = obj.get("apiVersion") or api_version
         namespace, name = meta.get("namespace"), meta.get("name")
         if not kind or not namespace or not name:
-            return
-        with self._lock:
-            if kind == self.owner_kind:
-                key = (namespace, name)
-                if deleted:
-                    self._owners.pop(key, None)
-                elif _newer(obj, self._owners.get(key)):
-                    self._owners[key] = obj
-                return
-            owner = (meta.get("labels") or {}).get(OWNER_LABEL)
-            if not owner:
-                return
-            bucket = self._children.setdefault((namespace, owner), {})
-            child = (kind, name)
-            if deleted:
-                bucket.pop(child, None)
-            elif _newer(obj, bucket.get(child)):
-                bucket[child] = {**obj, "apiVersion": api_version, "kind": kind}
+            return None
+        if kind == self.owner_kind:  # list items lack apiVersion and kind; Events about the owner need them
+            return (namespace, name), None, {**obj, "apiVersion": api_version, "kind": kind}
+        owner = (meta.get("labels") or {}).get(OWNER_LABEL)
+        if not owner:
+            return None
+        value = _slim_pod(obj) if kind == "Pod" else obj
+        return (namespace, owner), (kind, name), {**value, "apiVersion": api_version, "kind": kind}
 
     def replace(self, api_version: str, kind: str, items: list[Obj]) -> None:
-        """Make the cache hold exactly `items` of `kind` (a fresh full list): drops what was missed."""
+        """Make the cache hold exactly `items` of `kind` (a fresh full list): drops what was missed.
+
+        The new state is swapped in under the lock in one step, so a reader never sees an object that is
+        in both the old and the new state missing. A cached copy newer than the listed one is kept."""
+        fresh: dict[Key, dict[ChildKey, Obj]] = {}
+        owners: dict[Key, Obj] = {}
+        for item in items:
+            entry = self._entry(item, api_version, kind)
+            if entry is None:
+                continue
+            owner_key, child_key, value = entry
+            if child_key is None:
+                owners[owner_key] = value
+            else:
+                fresh.setdefault(owner_key, {})[child_key] = value
         with self._lock:
             if kind == self.owner_kind:
-                self._owners.clear()
-            else:
-                for bucket in self._children.values():
-                    for child in [c for c in bucket if c[0] == kind]:
-                        del bucket[child]
-        for item in items:
-            self.observe(item, api_version=api_version, kind=kind)
+                self._owners = {key: _pick(value, self._owners.get(key)) for key, value in owners.items()}
+                return
+            children: dict[Key, dict[ChildKey, Obj]] = {}
+            for owner_key in self._children.keys() | fresh.keys():
+                old = self._children.get(owner_key, {})
+                bucket = {key: obj for key, obj in old.items() if key[0] != kind}
+                for key, value in fresh.get(owner_key, {}).items():
+                    bucket[key] = _pick(value, old.get(key))
+                if bucket:
+                    children[owner_key] = bucket
+            self._children = children
 
     def forget_child(self, namespace: str, owner: str, kind: str, name: str) -> None:
         with self._lock:

@@ -1,8 +1,10 @@
 """One level-based reconcile pass of one InferenceService.
 
 validate spec -> build desired children -> server-side apply the ones that differ (with owner references)
--> delete children no longer wanted -> read state back -> compute status -> write it if it changed.
-Nothing here depends on memory from earlier passes: everything is read from the API server each time.
+-> delete children no longer wanted -> read state back (children and pods) -> compute status -> write it if
+it changed. Nothing here depends on memory from earlier passes: with the operator's watch-fed cache the pass
+reads nothing from the API server; without one it gets the owner, lists each child kind and lists the pods
+once (by the owner label).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pagoda.operator.reconcile import events
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.compare import matches
 from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.reconcile.pods import POD_KIND
 from pagoda.operator.reconcile.problems import apply_problem, invalid_spec, missing_secrets
 from pagoda.operator.reconcile.status import Problem, compute_status, degraded_now, status_changed
 from pagoda.operator.resources import (
@@ -122,7 +125,11 @@ def _reconcile(
     except (ValueError, TypeError, KeyError) as exc:  # a spec the builders cannot turn into objects
         problems.append(Problem("BuildFailed", f"Could not build the child objects: {exc!r}", retry=False))
 
-    live = cache.children(namespace, name) if cache else _list_children(kube, namespace, name)
+    if cache:
+        live = cache.children(namespace, name)
+        pods = [live.pop(key) for key in [k for k in live if k[0] == POD_KIND[1]]]
+    else:
+        live, pods = _list_children(kube, namespace, name), _list_pods(kube, namespace, name)
     if desired is not None:
         problems.extend(missing_secrets(kube, namespace, desired))
         for manifest in desired:
@@ -169,6 +176,7 @@ def _reconcile(
         selector=selector_string(name),
         url=_url(owner, desired, name, namespace),
         now=now(),
+        pods=pods,
     )
     if status_changed(owner.get("status"), status):
         was_degraded = degraded_now(owner.get("status") or {})
@@ -218,6 +226,11 @@ def _list_children(kube: Kube, namespace: str, name: str) -> dict[tuple[str, str
             item.setdefault("kind", kind)
             found[(kind, item["metadata"]["name"])] = item
     return found
+
+
+def _list_pods(kube: Kube, namespace: str, name: str) -> list[Obj]:
+    api_version, _kind, plural = POD_KIND
+    return kube.list(api_version, plural, namespace, f"{OWNER_LABEL}={name}")
 
 
 def _url(owner: Obj, desired: list[Obj] | None, name: str, namespace: str) -> str | None:

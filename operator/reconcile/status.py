@@ -1,13 +1,16 @@
 """Pure functions: the InferenceService status (conditions Ready, Progressing, Degraded) from what was seen.
 
-No I/O. `compute_status` takes the owner, the live Deployment (or None) and the problems found during the
-pass, and returns the complete status. A condition keeps its lastTransitionTime unless its status flips.
+No I/O. `compute_status` takes the owner, the live Deployment (or None), the service's pods and the problems
+found during the pass, and returns the complete status. A condition keeps its lastTransitionTime unless its
+status flips.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from pagoda.operator.reconcile.pods import PodIssue, pods_issue
 
 Obj = dict[str, Any]
 CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
@@ -39,8 +42,10 @@ def compute_status(
     selector: str,
     url: str | None,
     now: str,
+    pods: list[Obj] | None = None,
 ) -> Obj:
-    """The whole status of `owner` for this pass; `now` is an RFC 3339 timestamp."""
+    """The whole status of `owner` for this pass; `now` is an RFC 3339 timestamp; `pods` are the pods
+    labelled as the service's (a failing one makes it Degraded)."""
     generation = int(owner.get("metadata", {}).get("generation", 0))
     previous = {c.get("type"): c for c in (owner.get("status") or {}).get("conditions") or []}
     st = (deployment or {}).get("status") or {}
@@ -48,7 +53,7 @@ def compute_status(
     conditions = [
         ready_condition(deployment, problems),
         progressing_condition(deployment, problems),
-        degraded_condition(deployment, problems),
+        degraded_condition(deployment, problems, pods_issue(pods or []) if deployment is not None else None),
     ]
     status: Obj = {
         "observedGeneration": generation,
@@ -136,10 +141,16 @@ def progressing_condition(deployment: Obj | None, problems: list[Problem]) -> Co
     )
 
 
-def degraded_condition(deployment: Obj | None, problems: list[Problem]) -> Condition:
+def degraded_condition(
+    deployment: Obj | None, problems: list[Problem], pod_issue: PodIssue | None = None
+) -> Condition:
+    """What blocks the service, most specific first: the operator's own problems, a failing pod (its
+    runtime's reason, e.g. ModelNotFound), then the Deployment's ReplicaFailure or stuck rollout."""
     if problems:
         reason = problems[0].reason
         return Condition("Degraded", True, reason, "; ".join(p.message for p in problems))
+    if pod_issue is not None:
+        return Condition("Degraded", True, pod_issue.reason, pod_issue.message)
     failure = _deployment_condition(deployment, "ReplicaFailure")
     if failure and failure.get("status") == "True":
         return Condition(

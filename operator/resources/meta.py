@@ -12,6 +12,10 @@ HTTP_PORT = 8000
 PORT_NAME = "http"
 CACHE_DIR = "/var/cache/pagoda"
 MODELS_DIR = "/mnt/models"
+# Where the runtime writes why it could not start (Kubernetes' default path); the kubelet copies it into
+# the pod's lastState.terminated.message and the operator into the Degraded condition.
+TERMINATION_MESSAGE_PATH = "/dev/termination-log"
+TERMINATION_MESSAGE_ENV = "PAGODA_TERMINATION_MESSAGE_PATH"
 
 
 def labels(name: str) -> dict[str, str]:

@@ -7,7 +7,16 @@ from typing import Any
 from pagoda.operator.api import InferenceServiceSpec
 
 from .args import COMMAND, runtime_args
-from .meta import CACHE_DIR, CONTAINER_NAME, HTTP_PORT, MODELS_DIR, PORT_NAME, labels
+from .meta import (
+    CACHE_DIR,
+    CONTAINER_NAME,
+    HTTP_PORT,
+    MODELS_DIR,
+    PORT_NAME,
+    TERMINATION_MESSAGE_ENV,
+    TERMINATION_MESSAGE_PATH,
+    labels,
+)
 from .quantity import canonical
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
@@ -70,17 +79,20 @@ def container(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": volume_mounts(spec),
+        # The runtime writes `<Reason>: <message>` there when it cannot start; else the log's tail is used.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if runtime.image_pull_policy:
         result["imagePullPolicy"] = runtime.image_pull_policy
-    env = [var.model_dump(by_alias=True, exclude_none=True) for var in runtime.env]
+    env: list[dict[str, Any]] = [{"name": TERMINATION_MESSAGE_ENV, "value": TERMINATION_MESSAGE_PATH}]
+    env += [var.model_dump(by_alias=True, exclude_none=True) for var in runtime.env]
     if runtime.api_key_secret:
         ref = runtime.api_key_secret
         env.append(
             {"name": "PAGODA_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
         )
-    if env:
-        result["env"] = env
+    result["env"] = env
     if spec.model.credentials_secret:
         result["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
     return result

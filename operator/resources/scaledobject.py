@@ -1,4 +1,5 @@
-"""The KEDA ScaledObject: scale the Deployment on this service's queue depth (and KV-cache usage)."""
+"""The KEDA ScaledObject: scale the Deployment on this service's in-flight requests or queue depth (and
+KV-cache usage)."""
 
 from __future__ import annotations
 
@@ -9,28 +10,44 @@ from pagoda.operator.api import AutoscalingSpec
 from .meta import metadata
 
 
+def _series(metric: str, name: str, namespace: str) -> str:
+    """The runtime's `metric` over this service's pods (the labels a ServiceMonitor's targets carry)."""
+    return f'{metric}{{namespace="{namespace}",service="{name}"}}'
+
+
+def in_flight_query(name: str, namespace: str) -> str:
+    """Requests running plus waiting, summed over the pods."""
+    running = _series("pagoda_running_requests", name, namespace)
+    waiting = _series("pagoda_queue_depth", name, namespace)
+    return f"sum({running}) + sum({waiting})"
+
+
 def queue_depth_query(name: str, namespace: str) -> str:
-    return f'sum(pagoda_queue_depth{{namespace="{namespace}",service="{name}"}})'
+    """Requests waiting for a place in the batch, summed over the pods."""
+    return f"sum({_series('pagoda_queue_depth', name, namespace)})"
 
 
 def kv_cache_query(name: str, namespace: str) -> str:
-    return f'max(pagoda_kv_cache_usage_ratio{{namespace="{namespace}",service="{name}"}})'
+    return f"max({_series('pagoda_kv_cache_usage_ratio', name, namespace)})"
+
+
+def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec) -> dict[str, Any]:
+    in_flight = autoscaling.scaling_metric == "InFlight"
+    return {
+        "type": "prometheus",
+        "name": "in-flight" if in_flight else "queue-depth",
+        # AverageValue: KEDA divides the total by the replica count: the threshold is per replica.
+        "metricType": "AverageValue",
+        "metadata": {
+            "serverAddress": autoscaling.prometheus_address,
+            "query": (in_flight_query if in_flight else queue_depth_query)(name, namespace),
+            "threshold": str(autoscaling.target_per_replica),
+        },
+    }
 
 
 def scaled_object(name: str, namespace: str, autoscaling: AutoscalingSpec) -> dict[str, Any]:
-    triggers: list[dict[str, Any]] = [
-        {
-            "type": "prometheus",
-            "name": "queue-depth",
-            # AverageValue: KEDA divides the total by the replica count: the threshold is per replica.
-            "metricType": "AverageValue",
-            "metadata": {
-                "serverAddress": autoscaling.prometheus_address,
-                "query": queue_depth_query(name, namespace),
-                "threshold": str(autoscaling.target_queue_depth),
-            },
-        }
-    ]
+    triggers: list[dict[str, Any]] = [_load_trigger(name, namespace, autoscaling)]
     if autoscaling.kv_cache_usage is not None:
         triggers.append(
             {

@@ -16,7 +16,9 @@ from isvc import GROUP, PLURAL, VERSION, manifest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-AUTO = {"replicas": None, "autoscaling": {"minReplicas": 1, "maxReplicas": 2}}
+# Autoscaling needs a metrics source: the ServiceMonitor the operator writes.
+MONITORED = {"monitoring": {"serviceMonitor": {"enabled": True}}}
+AUTO = {"replicas": None, "autoscaling": {"minReplicas": 1, "maxReplicas": 2}, **MONITORED}
 
 # (id, spec overrides, text the error must contain: the field's name)
 INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
@@ -41,6 +43,21 @@ INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
         "zero-target-queue-depth",
         {**AUTO, "autoscaling": {"maxReplicas": 2, "targetQueueDepth": 0}},
         ["targetQueueDepth"],
+    ),
+    (
+        "autoscaling-without-metrics",
+        {"replicas": None, "autoscaling": {"minReplicas": 1, "maxReplicas": 2}},
+        ["spec.autoscaling", "spec.monitoring.serviceMonitor.enabled"],
+    ),
+    (
+        "queue-depth-target-with-in-flight-metric",
+        {**AUTO, "autoscaling": {"maxReplicas": 2, "metric": "InFlight", "targetQueueDepth": 2}},
+        ["spec.autoscaling.targetQueueDepth"],
+    ),
+    (
+        "in-flight-target-with-queue-depth-metric",
+        {**AUTO, "autoscaling": {"maxReplicas": 2, "metric": "QueueDepth", "targetInFlight": 8}},
+        ["spec.autoscaling.targetInFlight"],
     ),
     (
         "kv-ratio-above-1",

@@ -136,7 +136,8 @@ def test_spec_change_rolls_out(
 def test_delete_removes_children_by_garbage_collection(
     operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
 ) -> None:
-    create(kube, "gone", namespace, replicas=None, autoscaling={"minReplicas": 1, "maxReplicas": 3})
+    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "metricsSource": "External"}
+    create(kube, "gone", namespace, replicas=None, autoscaling=autoscaling)
     wait_until(lambda: len(children(raw, namespace, "gone")) == 4, "all four children")
     kube.delete_namespaced_custom_object("pagoda.dev", "v1alpha1", namespace, "inferenceservices", "gone")
     wait_until(

@@ -20,7 +20,8 @@ def test_autoscaling_on_and_off(
     operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
 ) -> None:
     autoscaling = {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 5}
-    create(kube, "auto", namespace, replicas=None, autoscaling=autoscaling)
+    monitoring = {"serviceMonitor": {"enabled": True}}  # autoscaling needs a metrics source
+    create(kube, "auto", namespace, replicas=None, autoscaling=autoscaling, monitoring=monitoring)
     scaled = wait_until(
         lambda: raw.get("keda.sh/v1alpha1", "scaledobjects", namespace, "auto"), "a ScaledObject"
     )

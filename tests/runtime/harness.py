@@ -27,6 +27,7 @@ class RuntimeProcess(ManagedProcess):
     workdir: Path
     flags: list[str] = field(default_factory=lambda: list(ENGINE_FLAGS))
     extra_env: dict[str, str] = field(default_factory=dict)
+    vllm_extra: list[str] = field(default_factory=lambda: list(VLLM_EXTRA))  # after `--`
     port: int = field(default_factory=free_port)
     # What the probes answered while the model loaded: (livez, readyz, /v1/models status, retry-after).
     loading_observation: tuple[int, int, int, str | None] | None = None
@@ -39,7 +40,7 @@ class RuntimeProcess(ManagedProcess):
         self.workdir.mkdir(parents=True, exist_ok=True)
         args = [RUNTIME, "serve", "--model", self.model, "--served-model-name", "tiny", "--host", "127.0.0.1"]
         args += ["--port", str(self.port), "--cache-dir", str(self.workdir / "cache"), *self.flags]
-        args += ["--", *VLLM_EXTRA]
+        args += ["--", *self.vllm_extra]
         self.launch(args, env=runtime_env(self.workdir, **self.extra_env))
         return self
 

@@ -127,7 +127,9 @@ def test_missing_or_broken_model_exits_1_naming_the_uri(
             data = f.read_bytes()
             (model / f.name).write_bytes(data[: len(data) // 3] if f.suffix == ".safetensors" else data)
     uri = f"file://{model}"
-    runtime = RuntimeProcess(model=uri, workdir=tmp_path / "run").start()
+    message = tmp_path / "termination-log"
+    env = {"PAGODA_TERMINATION_MESSAGE_PATH": str(message)}
+    runtime = RuntimeProcess(model=uri, workdir=tmp_path / "run", extra_env=env).start()
     try:
         assert runtime.proc is not None
         rc = runtime.proc.wait(timeout=240)
@@ -135,5 +137,8 @@ def test_missing_or_broken_model_exits_1_naming_the_uri(
         assert rc == 1, log[-3000:]
         assert f"Failed to load model uri={uri}" in log
         assert "Stopped runtime exit_code=1" in log
+        # The root cause, from the engine's own process when it failed there (runtime/enginefailure.py).
+        reason = "ModelNotFound" if problem == "missing" else "ModelInvalid"
+        assert message.read_text().startswith(f"{reason}: "), message.read_text()
     finally:
         runtime.terminate()

@@ -36,7 +36,9 @@ LLAMA: dict[str, Any] = {
         "gpuMemoryUtilization": 0.92,
     },
     "resources": {"gpu": {"count": 4, "product": "NVIDIA-H100-80GB-HBM3"}},
+    # The shape before `metric` existed: targetQueueDepth alone keeps scaling on the queue depth.
     "autoscaling": {"minReplicas": 1, "maxReplicas": 4, "targetQueueDepth": 5},
+    "monitoring": {"serviceMonitor": {"enabled": True}},
 }
 
 

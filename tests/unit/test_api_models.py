@@ -70,6 +70,8 @@ def test_the_examples_cover_the_api(all_examples: dict[str, dict[str, Any]]) -> 
         "model.cache.storageClass",
         "engine.extraArgs",
         "autoscaling.kvCacheUsage.targetRatio",
+        "autoscaling.metric",
+        "autoscaling.targetInFlight",
         "replicas",
         "scheduling.affinity",
         "scheduling.tolerations",

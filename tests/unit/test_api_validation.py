@@ -96,6 +96,42 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         r.MSG_KV_TARGET,
     ),
     (
+        "in-flight-target-with-queue-depth-metric",
+        _set("autoscaling", {"maxReplicas": 2, "metric": "QueueDepth", "targetInFlight": 8}),
+        "spec.autoscaling.targetInFlight",
+        r.MSG_TARGET_IN_FLIGHT,
+    ),
+    (
+        "both-targets-without-metric",
+        _set("autoscaling", {"maxReplicas": 2, "targetInFlight": 8, "targetQueueDepth": 2}),
+        "spec.autoscaling.targetInFlight",
+        r.MSG_TARGET_IN_FLIGHT,
+    ),
+    (
+        "queue-depth-target-with-in-flight-metric",
+        _set("autoscaling", {"maxReplicas": 2, "metric": "InFlight", "targetQueueDepth": 2}),
+        "spec.autoscaling.targetQueueDepth",
+        r.MSG_TARGET_QUEUE_DEPTH,
+    ),
+    (
+        "autoscaling-without-service-monitor",
+        _drop("monitoring"),
+        "spec.autoscaling",
+        r.MSG_AUTOSCALING_METRICS,
+    ),
+    (
+        "autoscaling-with-service-monitor-off",
+        _set("monitoring.serviceMonitor.enabled", False),
+        "spec.autoscaling",
+        r.MSG_AUTOSCALING_METRICS,
+    ),
+    (
+        "autoscaling-service-monitor-source-explicit",
+        _both(_drop("monitoring"), _set("autoscaling.metricsSource", "ServiceMonitor")),
+        "spec.autoscaling",
+        r.MSG_AUTOSCALING_METRICS,
+    ),
+    (
         "literal-token-in-env",
         _set("runtime", {"env": [{"name": "HF_TOKEN", "value": "hf_abc"}]}),
         "spec.runtime.env",
@@ -147,6 +183,14 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
     ("typo-field", _set("replica", 2), "spec.replica", None),
     ("min-replicas-zero", _set("autoscaling.minReplicas", 0), "spec.autoscaling.minReplicas", None),
     ("drain-negative", _set("runtime.drainTimeoutSeconds", -1), "spec.runtime.drainTimeoutSeconds", None),
+    ("metric-unknown", _set("autoscaling.metric", "Latency"), "spec.autoscaling.metric", None),
+    (
+        "metrics-source-unknown",
+        _set("autoscaling.metricsSource", "PodMonitor"),
+        "spec.autoscaling.metricsSource",
+        None,
+    ),
+    ("in-flight-target-zero", _set("autoscaling.targetInFlight", 0), "spec.autoscaling.targetInFlight", None),
     (
         "prometheus-not-url",
         _set("autoscaling.prometheusAddress", "prometheus:9090"),
@@ -227,6 +271,45 @@ def test_gpu_memory_utilization_of_exactly_one_is_allowed(
 ) -> None:
     llama_spec["engine"]["gpuMemoryUtilization"] = 1
     assert InferenceServiceSpec.model_validate(llama_spec).engine.gpu_memory_utilization == 1.0
+    assert cel_check(_object("llama", llama_spec)) == []
+
+
+@pytest.mark.parametrize(
+    "autoscaling",
+    [
+        {"maxReplicas": 2},
+        {"maxReplicas": 2, "metric": "InFlight", "targetInFlight": 8},
+        {"maxReplicas": 2, "targetInFlight": 8},
+        {"maxReplicas": 2, "metric": "QueueDepth", "targetQueueDepth": 2},
+        {"maxReplicas": 2, "targetQueueDepth": 2},
+        {"maxReplicas": 2, "metric": "QueueDepth"},
+    ],
+)
+def test_each_metric_with_its_own_target_is_allowed(
+    llama_spec: dict[str, Any], autoscaling: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    llama_spec["autoscaling"] = autoscaling
+    InferenceServiceSpec.model_validate(llama_spec)
+    assert cel_check(_object("llama", llama_spec)) == []
+
+
+def test_autoscaling_on_external_metrics_needs_no_service_monitor(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    """The opt-out: Prometheus scrapes the pods another way (a PodMonitor, annotations)."""
+    del llama_spec["monitoring"]
+    llama_spec["autoscaling"]["metricsSource"] = "External"
+    spec = InferenceServiceSpec.model_validate(llama_spec)
+    assert spec.autoscaling is not None and spec.autoscaling.metrics_source == "External"
+    assert cel_check(_object("llama", llama_spec)) == []
+
+
+def test_fixed_replicas_need_no_metrics(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    del llama_spec["autoscaling"], llama_spec["monitoring"]
+    llama_spec["replicas"] = 2
+    InferenceServiceSpec.model_validate(llama_spec)
     assert cel_check(_object("llama", llama_spec)) == []
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from pagoda.operator.reconcile.cache import ObjectCache
@@ -48,3 +49,66 @@ def test_owner_tracking_and_replace() -> None:
     assert cache.children("ns", "m") == {}
     cache.observe(obj("InferenceService", "m", "9"), deleted=True)
     assert cache.owner("ns", "m") is None
+
+
+def test_list_owners_get_their_kind_and_pods_keep_only_what_status_needs() -> None:
+    cache = ObjectCache("InferenceService")
+    owner = obj("InferenceService", "m", "3")
+    del owner["kind"], owner["apiVersion"]
+    cache.replace("pagoda.dev/v1alpha1", "InferenceService", [owner])
+    cached = cache.owner("ns", "m")
+    assert cached is not None and (cached["apiVersion"], cached["kind"]) == (
+        "pagoda.dev/v1alpha1",
+        "InferenceService",
+    )
+    pod = obj("Pod", "m-abc", "4", spec={"containers": [{"name": "runtime"}]}, status={"phase": "Running"})
+    pod["metadata"]["managedFields"] = [{"manager": "kubelet"}]
+    cache.observe(pod)
+    cached_pod = cache.children("ns", "m")[("Pod", "m-abc")]
+    assert "spec" not in cached_pod and "managedFields" not in cached_pod["metadata"]
+    assert cached_pod["status"] == {"phase": "Running"} and cached_pod["metadata"]["name"] == "m-abc"
+
+
+def test_replace_keeps_a_newer_cached_copy_and_drops_the_missed() -> None:
+    cache = ObjectCache("InferenceService")
+    cache.observe(obj("Deployment", "m", "12", spec={"replicas": 3}))  # a watch event newer than the list
+    cache.observe(obj("Deployment", "gone", "5"))
+    cache.observe(obj("Service", "m", "6"))
+    cache.replace("apps/v1", "Deployment", [obj("Deployment", "m", "11", spec={"replicas": 2})])
+    children = cache.children("ns", "m")
+    assert set(children) == {("Deployment", "m"), ("Service", "m")}
+    assert children[("Deployment", "m")]["spec"] == {"replicas": 3}
+
+
+def test_readers_never_see_a_listed_object_missing_during_replace() -> None:
+    """A resync replaces the cache while workers read it: an object in both the old and the new list must
+    be visible at every moment (the old code cleared, then re-added item by item outside the lock)."""
+    cache = ObjectCache("InferenceService")
+    owners = [obj("InferenceService", f"m{i}", "1") for i in range(2000)]
+    children = []
+    for i in range(2000):
+        child = obj("Deployment", f"m{i}", "1")
+        child["metadata"]["labels"] = {"pagoda.dev/inferenceservice": f"m{i}"}
+        children.append(child)
+    cache.replace("pagoda.dev/v1alpha1", "InferenceService", owners)
+    cache.replace("apps/v1", "Deployment", children)
+    stop = threading.Event()
+    misses: list[str] = []
+
+    def read() -> None:
+        while not stop.is_set():
+            if cache.owner("ns", "m1999") is None:
+                misses.append("owner")
+            if ("Deployment", "m1999") not in cache.children("ns", "m1999"):
+                misses.append("child")
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(20):
+            cache.replace("pagoda.dev/v1alpha1", "InferenceService", owners)
+            cache.replace("apps/v1", "Deployment", children)
+    finally:
+        stop.set()
+        reader.join()
+    assert not misses, f"{len(misses)} reads saw a listed object missing ({sorted(set(misses))})"

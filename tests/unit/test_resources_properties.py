@@ -26,8 +26,10 @@ def _variants(base: dict[str, Any]) -> list[dict[str, Any]]:
         spec = copy.deepcopy(base)
         spec.pop("autoscaling", None)
         spec.pop("replicas", None)
-        spec.update(scaling)
+        spec.update(copy.deepcopy(scaling))
         spec["monitoring"] = {"serviceMonitor": {"enabled": monitor}}
+        if "autoscaling" in spec and not monitor:
+            spec["autoscaling"]["metricsSource"] = "External"  # autoscaling needs a metrics source
         if not secret:
             spec["model"].pop("credentialsSecret", None)
         out.append(spec)
@@ -143,12 +145,18 @@ def test_service_and_pdb(example: dict[str, Any]) -> None:
     assert by_kind["PodDisruptionBudget"]["spec"]["maxUnavailable"] == spec.disruption.max_unavailable
 
 
+def _scaled_object(spec: dict[str, Any]) -> dict[str, Any]:
+    children = desired_children("llama", "team-a", InferenceServiceSpec.model_validate(spec))
+    scaled: dict[str, Any] = _by_kind(children)["ScaledObject"]["spec"]
+    return scaled
+
+
 def test_scaled_object_queries_only_this_service(llama_spec: dict[str, Any]) -> None:
     llama_spec["autoscaling"]["kvCacheUsage"] = {"targetRatio": 0.8}
-    scaled = _by_kind(desired_children("llama", "team-a", InferenceServiceSpec.model_validate(llama_spec)))[
-        "ScaledObject"
-    ]["spec"]
+    scaled = _scaled_object(llama_spec)
     queue, kv = scaled["triggers"]
+    # targetQueueDepth without `metric` (the API before it existed) keeps scaling on the queue depth.
+    assert queue["name"] == "queue-depth"
     assert queue["metadata"]["query"] == 'sum(pagoda_queue_depth{namespace="team-a",service="llama"})'
     assert queue["metricType"] == "AverageValue" and queue["metadata"]["threshold"] == "5"
     assert kv["metadata"]["query"] == 'max(pagoda_kv_cache_usage_ratio{namespace="team-a",service="llama"})'
@@ -200,3 +208,41 @@ def test_image_override(llama_spec: dict[str, Any], image: str | None) -> None:
         "a", "b", InferenceServiceSpec.model_validate(llama_spec), default_image="d:1"
     )[0]
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (image or "d:1")
+
+
+IN_FLIGHT_QUERY = (
+    'sum(pagoda_running_requests{namespace="team-a",service="llama"})'
+    ' + sum(pagoda_queue_depth{namespace="team-a",service="llama"})'
+)
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "name", "query", "threshold"),
+    [
+        ({}, "in-flight", IN_FLIGHT_QUERY, "32"),  # the default metric and target
+        ({"metric": "InFlight"}, "in-flight", IN_FLIGHT_QUERY, "32"),
+        ({"targetInFlight": 12}, "in-flight", IN_FLIGHT_QUERY, "12"),
+        ({"metric": "InFlight", "targetInFlight": 12}, "in-flight", IN_FLIGHT_QUERY, "12"),
+        (
+            {"metric": "QueueDepth"},
+            "queue-depth",
+            'sum(pagoda_queue_depth{namespace="team-a",service="llama"})',
+            "5",
+        ),
+        (
+            {"metric": "QueueDepth", "targetQueueDepth": 3},
+            "queue-depth",
+            'sum(pagoda_queue_depth{namespace="team-a",service="llama"})',
+            "3",
+        ),
+    ],
+)
+def test_main_trigger_follows_the_metric(
+    llama_spec: dict[str, Any], autoscaling: dict[str, Any], name: str, query: str, threshold: str
+) -> None:
+    llama_spec["autoscaling"] = {"maxReplicas": 4, **autoscaling}
+    (trigger,) = _scaled_object(llama_spec)["triggers"]
+    assert trigger["name"] == name and trigger["type"] == "prometheus"
+    assert trigger["metricType"] == "AverageValue"  # KEDA divides by the replica count: a per-replica target
+    assert trigger["metadata"]["query"] == query
+    assert trigger["metadata"]["threshold"] == threshold

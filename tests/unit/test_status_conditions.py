@@ -123,3 +123,61 @@ def test_status_changed_only_on_real_change() -> None:
     assert not status_changed({**status, "kopf": {"x": 1}}, again)
     assert status_changed(status, compute(owner(status=status), deployment(ready=1), [], now=T1))
     assert status_changed(None, status)
+
+
+def crashing_pod(name: str, message: str, restarts: int = 3) -> dict[str, Any]:
+    container = {
+        "name": "runtime",
+        "ready": False,
+        "restartCount": restarts,
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": message}},
+    }
+    return {"metadata": {"name": name, "namespace": "ns"}, "status": {"containerStatuses": [container]}}
+
+
+DOES_NOT_FIT = (
+    "ModelDoesNotFit: maxModelLen 4096 needs KV-cache space for 4096 tokens but the cache holds 1024 tokens; "
+    "lower spec.engine.maxModelLen to at most 1024"
+)
+
+
+def test_failing_pod_makes_degraded_with_the_runtimes_reason_and_pod() -> None:
+    dep = deployment(ready=0, updated=2, available=0)
+    pods = [crashing_pod("m-6d9-x", DOES_NOT_FIT)]
+    status = compute_status(owner(), dep, [], selector=SELECTOR, url=None, now=T0, pods=pods)
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "ModelDoesNotFit")
+    assert degraded["message"].startswith("pod m-6d9-x container runtime: maxModelLen 4096 needs")
+    assert "exit code 1, 3 restarts" in degraded["message"]
+    assert conditions(status)["Ready"] == ("False", "ReplicasNotReady")
+    # The same pods again: nothing to write; a new restart changes the message, not the transition time.
+    again = compute_status(owner(status=status), dep, [], selector=SELECTOR, url=None, now=T1, pods=pods)
+    assert not status_changed(status, again)
+    later = [crashing_pod("m-6d9-x", DOES_NOT_FIT, restarts=4)]
+    moved = compute_status(owner(status=status), dep, [], selector=SELECTOR, url=None, now=T1, pods=later)
+    assert status_changed(status, moved)
+    assert next(c for c in moved["conditions"] if c["type"] == "Degraded")["lastTransitionTime"] == T0
+    # The operator's own problems come first; a stuck rollout comes after the pod's reason.
+    ours = compute_status(
+        owner(), dep, [Problem("SecretNotFound", "x")], selector=SELECTOR, url=None, now=T0, pods=pods
+    )
+    assert conditions(ours)["Degraded"] == ("True", "SecretNotFound")
+    dep["status"]["conditions"] = [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
+    ]
+    stuck = compute_status(owner(), dep, [], selector=SELECTOR, url=None, now=T0, pods=pods)
+    assert conditions(stuck)["Degraded"] == ("True", "ModelDoesNotFit")
+
+
+def test_pod_recovers_and_degraded_clears() -> None:
+    dep = deployment(ready=0, updated=2, available=0)
+    failing = compute_status(
+        owner(), dep, [], selector=SELECTOR, url=None, now=T0, pods=[crashing_pod("p", DOES_NOT_FIT)]
+    )
+    running = {"name": "runtime", "ready": True, "restartCount": 0, "state": {"running": {}}}
+    healthy = {"metadata": {"name": "p"}, "status": {"containerStatuses": [running]}}
+    status = compute_status(
+        owner(status=failing), deployment(), [], selector=SELECTOR, url=None, now=T1, pods=[healthy]
+    )
+    assert conditions(status)["Degraded"] == ("False", "Reconciled")

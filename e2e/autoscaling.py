@@ -1,0 +1,297 @@
+"""The autoscaling scenario on the real stack, shared by the e2e test and `make autoscaling-timeline`:
+a tiny-model InferenceService (min 1, max 3) whose pods really run, a bounded load spread over the Ready
+endpoints of its EndpointSlices, and a timeline sampled every second from the real components:
+
+- signal: the ScaledObject trigger's own PromQL, evaluated by Prometheus (the runtime pods' series, found
+  through the operator's ServiceMonitor);
+- external: the same metric as KEDA's adapter serves it through the API server (external.metrics.k8s.io);
+- desired / current: the HPA that KEDA manages; ready: the Deployment's ready replicas;
+- in_flight: requests the load has open; and per request its time to first token (TTFT).
+
+    python -m e2e.autoscaling [--out docs/autoscaling]   # a whole run on a private cluster: JSON + PNG
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import yaml
+
+from e2e import _objects
+from e2e.cluster import Cluster
+from e2e.fixtures import tiny_sample
+from e2e.observability import Load
+from e2e.processes import wait_until
+from e2e.realpods import ServiceEndpoints, wait_condition
+
+NAME = "tiny"
+MIN_REPLICAS, MAX_REPLICAS = 1, 3
+TARGET_IN_FLIGHT = 4  # per replica; the load's 12 clients ask for 3 replicas
+CLIENTS = 12
+TAIL_CLIENTS = 2  # the light load during the scale-in
+POLLING_SECONDS, COOLDOWN_SECONDS = 5, 30
+EXTERNAL_METRICS = "/apis/external.metrics.k8s.io/v1beta1"
+
+
+def autoscaled_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
+    sample = tiny_sample(namespace, NAME, real_pods=True)
+    sample["spec"].pop("replicas")
+    sample["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": "2s"}}
+    sample["spec"]["autoscaling"] = {
+        "minReplicas": MIN_REPLICAS,
+        "maxReplicas": MAX_REPLICAS,
+        "metric": "InFlight",
+        "targetInFlight": TARGET_IN_FLIGHT,
+        "pollingInterval": POLLING_SECONDS,
+        "cooldownPeriod": COOLDOWN_SECONDS,
+        "prometheusAddress": prometheus_url,
+    }
+    return sample
+
+
+@dataclass
+class Sample:
+    t: float
+    signal: float | None
+    external: float | None
+    desired: int | None
+    current: int | None
+    ready: int
+    in_flight: int
+
+
+@dataclass
+class Timeline:
+    samples: list[Sample] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)  # t, ttft, duration, endpoint, failure
+    marks: dict[str, float] = field(default_factory=dict)  # load_start, second_ready, load_end, back_to_min
+
+    def reaction_times(self) -> dict[str, float]:
+        m = self.marks
+        return {
+            "load start -> second replica Ready (s)": round(m["second_ready"] - m["load_start"], 1),
+            "load start -> max replicas Ready (s)": round(m["max_ready"] - m["load_start"], 1),
+            "load end -> back to min replicas (s)": round(m["back_to_min"] - m["load_end"], 1),
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "marks": self.marks,
+                "reaction_times": self.reaction_times(),
+                "samples": [asdict(s) for s in self.samples],
+                "requests": self.requests,
+            },
+            indent=1,
+        )
+
+
+class Sampler(threading.Thread):
+    """Samples the timeline every second from Prometheus, the API server (KEDA's metric, the HPA, the
+    Deployment) and the load."""
+
+    def __init__(
+        self, cluster: Cluster, namespace: str, prometheus_url: str, load: Load | None, t0: float
+    ) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.namespace, self.prometheus_url, self.load, self.t0 = (
+            cluster,
+            namespace,
+            prometheus_url,
+            load,
+            t0,
+        )
+        self.api = cluster.api_client()
+        self.samples: list[Sample] = []
+        self.stopping = threading.Event()
+
+    def get(self, path: str) -> Any:
+        status, body = _objects.request(self.api, "GET", path)
+        return body if status == 200 else None
+
+    def trigger_query(self) -> str:
+        obj = self.get(f"/apis/keda.sh/v1alpha1/namespaces/{self.namespace}/scaledobjects/{NAME}")
+        return str(obj["spec"]["triggers"][0]["metadata"]["query"])
+
+    def prometheus(self, query: str) -> float | None:
+        import httpx
+
+        body = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": query}, timeout=5).json()
+        result = body.get("data", {}).get("result") or []
+        return float(result[0]["value"][1]) if result else None
+
+    def external(self, hpa: Any) -> float | None:
+        if not hpa:
+            return None
+        metric = hpa["spec"]["metrics"][0]["external"]["metric"]["name"]
+        selector = quote(f"scaledobject.keda.sh/name={NAME}")
+        body = self.get(f"{EXTERNAL_METRICS}/namespaces/{self.namespace}/{metric}?labelSelector={selector}")
+        items = (body or {}).get("items") or []
+        return _quantity(items[0]["value"]) if items else None
+
+    def sample(self, query: str) -> Sample:
+        hpa = self.get(
+            f"/apis/autoscaling/v2/namespaces/{self.namespace}/horizontalpodautoscalers/keda-hpa-{NAME}"
+        )
+        deployment = self.get(f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{NAME}") or {}
+        in_flight = self.load.in_flight if self.load else 0
+        return Sample(
+            t=round(time.monotonic() - self.t0, 2),
+            signal=self.prometheus(query),
+            external=self.external(hpa),
+            desired=(hpa or {}).get("status", {}).get("desiredReplicas"),
+            current=(hpa or {}).get("status", {}).get("currentReplicas"),
+            ready=int(deployment.get("status", {}).get("readyReplicas") or 0),
+            in_flight=in_flight,
+        )
+
+    def run(self) -> None:
+        query = self.trigger_query()
+        while not self.stopping.wait(1.0):
+            try:
+                self.samples.append(self.sample(query))
+            except Exception as exc:  # noqa: BLE001 - one lost sample is not a failed run
+                print(f"sample failed: {exc!r}", flush=True)
+
+    def stop(self) -> list[Sample]:
+        self.stopping.set()
+        self.join(timeout=30)
+        self.api.close()
+        return self.samples
+
+
+def _quantity(value: str) -> float:
+    """A Kubernetes quantity as KEDA's adapter writes metric values (`12`, `3500m`)."""
+    return float(value[:-1]) / 1000 if value.endswith("m") else float(value)
+
+
+def run_scenario(
+    cluster: Cluster, namespace: str, prometheus_url: str, *, load_seconds_after_max: float = 20
+) -> tuple[Timeline, Load]:
+    """Applies the autoscaled service, loads it until all replicas are Ready (plus a while), stops the
+    load and waits until it is back to its minimum. Returns the timeline and the load (its records)."""
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(autoscaled_sample(namespace, prometheus_url)))
+    wait_condition(cluster, namespace, NAME, "Ready")
+    endpoints = ServiceEndpoints(cluster, namespace, NAME)
+    load = Load(endpoints.pick, NAME, clients=CLIENTS, max_tokens=32, max_seconds=900)
+    tail = Load(endpoints.pick, NAME, clients=TAIL_CLIENTS, max_tokens=32, max_seconds=900)
+    t0 = time.monotonic()
+    sampler = Sampler(cluster, namespace, prometheus_url, load, t0)
+    timeline = Timeline()
+    try:
+        wait_until(lambda: sampler_ready(sampler), "the ScaledObject", timeout=60)
+        sampler.start()
+        time.sleep(5)  # a few quiet samples before the load
+        timeline.marks["load_start"] = time.monotonic() - t0
+        load.start()
+
+        def ready_at_least(count: int) -> bool:
+            return bool(sampler.samples) and sampler.samples[-1].ready >= count
+
+        wait_until(lambda: ready_at_least(2), "a second Ready replica", timeout=600, interval=0.5)
+        timeline.marks["second_ready"] = time.monotonic() - t0
+        wait_until(lambda: ready_at_least(MAX_REPLICAS), "all replicas Ready", timeout=600, interval=0.5)
+        timeline.marks["max_ready"] = time.monotonic() - t0
+        time.sleep(load_seconds_after_max)
+        # The peak ends; a light load (below one replica's target) goes on while replicas are removed,
+        # so that the scale-in itself is shown to lose nothing.
+        tail.start()
+        load.stop()
+        sampler.load = tail
+        timeline.marks["load_end"] = time.monotonic() - t0
+
+        def back_to_min() -> bool:
+            last = sampler.samples[-1]
+            return (
+                last.desired == MIN_REPLICAS and last.current == MIN_REPLICAS and last.ready == MIN_REPLICAS
+            )
+
+        wait_until(back_to_min, "replicas back to the minimum", timeout=COOLDOWN_SECONDS + 300, interval=0.5)
+        timeline.marks["back_to_min"] = time.monotonic() - t0
+        time.sleep(5)
+    finally:
+        load.stop()
+        tail.stop()
+        sampler.stop()
+        endpoints.stop()
+    load.records += tail.records
+    timeline.samples = sampler.samples
+    timeline.requests = [
+        {
+            "t": round(r.started - t0, 3),
+            "ttft": None if r.first_token is None else round(r.first_token - r.started, 3),
+            "duration": round(r.ended - r.started, 3),
+            "endpoint": r.endpoint,
+            "failure": r.failure,
+        }
+        for r in load.records
+    ]
+    return timeline, load
+
+
+def sampler_ready(sampler: Sampler) -> bool:
+    return (
+        sampler.get(f"/apis/keda.sh/v1alpha1/namespaces/{sampler.namespace}/scaledobjects/{NAME}") is not None
+    )
+
+
+def plot(timeline: Timeline, path: Path) -> None:
+    """A PNG: the signal and replica counts over time above, each request's TTFT below."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
+    t = [s.t for s in timeline.samples]
+    top.plot(t, [s.signal for s in timeline.samples], label="in-flight requests (Prometheus, all pods)")
+    top.plot(t, [s.in_flight for s in timeline.samples], ":", label="in-flight requests (client side)")
+    top.set_ylabel("requests")
+    replicas = top.twinx()
+    replicas.step(t, [s.desired for s in timeline.samples], where="post", color="C3", label="desired (HPA)")
+    replicas.step(t, [s.ready for s in timeline.samples], where="post", color="C2", label="ready")
+    replicas.set_ylabel("replicas")
+    replicas.set_ylim(0, MAX_REPLICAS + 0.5)
+    lines = top.get_legend_handles_labels()[0] + replicas.get_legend_handles_labels()[0]
+    top.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize=8)
+    done = [r for r in timeline.requests if r["ttft"] is not None]
+    bottom.scatter([r["t"] for r in done], [r["ttft"] for r in done], s=4)
+    bottom.set_ylabel("TTFT (s)")
+    bottom.set_xlabel("seconds")
+    for ax in (top, bottom):
+        for name, at in timeline.marks.items():
+            ax.axvline(at, color="grey", linewidth=0.6)
+            if ax is top:
+                ax.text(at, ax.get_ylim()[1], name, fontsize=7, rotation=90, va="top")
+    top.set_title("KEDA scaling a tiny-model InferenceService on in-flight requests (real pods)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.autoscaling", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="docs/autoscaling", help="writes OUT.json and OUT.png")
+    args = parser.parse_args(argv)
+    from e2e.stack import private_stack, run_operator
+
+    with private_stack() as stack, run_operator(stack.cluster, stack.cluster.workdir / "operator.log"):
+        namespace = "autoscaling"
+        stack.cluster.kubectl("create", "namespace", namespace)
+        timeline, load = run_scenario(stack.cluster, namespace, stack.prometheus_url)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(timeline.to_json() + "\n")
+    plot(timeline, out.with_suffix(".png"))
+    print(json.dumps(timeline.reaction_times(), indent=1))
+    print(f"{load.completed} requests completed, {len(load.failures)} failed; wrote {out}.json and {out}.png")
+    return 0 if not load.failures else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

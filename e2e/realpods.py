@@ -1,0 +1,116 @@
+"""Helpers for e2e tests whose InferenceService pods really run (on the node agent's node): reading an
+InferenceService's conditions and pods, and spreading requests over the Ready endpoints of its Service's
+EndpointSlices, as a Service (kube-proxy) would."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from typing import Any
+
+from e2e.cluster import Cluster
+from e2e.podnet import REAL_SUBNETS
+from e2e.processes import wait_until
+
+OWNER_LABEL = "pagoda.dev/inferenceservice"
+HTTP_PORT = 8000
+
+
+def get_json(cluster: Cluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
+    found = [c for c in obj.get("status", {}).get("conditions") or [] if c.get("type") == kind]
+    return found[0] if found else {}
+
+
+def isvc(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = get_json(cluster, "-n", namespace, "inferenceservice", name)
+    return result
+
+
+def wait_condition(
+    cluster: Cluster, namespace: str, name: str, kind: str, status: str = "True", timeout: float = 420
+) -> dict[str, Any]:
+    """Waits until the InferenceService's condition `kind` has `status`; returns the condition."""
+
+    def probe() -> dict[str, Any] | None:
+        found = condition(isvc(cluster, namespace, name), kind)
+        return found if found.get("status") == status else None
+
+    return wait_until(probe, f"{namespace}/{name} {kind}={status}", timeout=timeout, interval=1.0)
+
+
+def pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The service's pods that are not terminating."""
+    items = get_json(cluster, "-n", namespace, "pods", "-l", f"{OWNER_LABEL}={name}")["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [p for p in pods(cluster, namespace, name) if condition(p, "Ready").get("status") == "True"]
+
+
+def is_real_pod_ip(address: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(address) in REAL_SUBNETS
+
+
+class ServiceEndpoints:
+    """The Ready endpoints of a Service, from its EndpointSlices (refreshed every `interval` seconds by a
+    thread), handed out round-robin: `pick()` returns a base URL such as http://10.244.128.2:8000."""
+
+    def __init__(self, cluster: Cluster, namespace: str, service: str, interval: float = 0.5) -> None:
+        self.cluster, self.namespace, self.service, self.interval = cluster, namespace, service, interval
+        self.addresses: list[str] = []
+        self._cycle: Any = iter(())
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def refresh(self) -> None:
+        slices = get_json(
+            self.cluster,
+            "-n",
+            self.namespace,
+            "endpointslices",
+            "-l",
+            f"kubernetes.io/service-name={self.service}",
+        )["items"]
+        ready = sorted(
+            address
+            for endpoint_slice in slices
+            for endpoint in endpoint_slice.get("endpoints") or []
+            if endpoint.get("conditions", {}).get("ready")
+            for address in endpoint["addresses"]
+        )
+        with self._lock:
+            if ready != self.addresses:
+                self.addresses = ready
+                self._cycle = itertools.cycle(ready)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.refresh()
+            except Exception:  # noqa: BLE001 - a transient API error: keep the last view
+                continue
+
+    def pick(self) -> str:
+        def next_address() -> str | None:
+            with self._lock:
+                return next(self._cycle, None)
+
+        address = wait_until(
+            next_address, f"a Ready endpoint of Service {self.service}", timeout=120, interval=0.2
+        )
+        return f"http://{address}:{HTTP_PORT}"
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

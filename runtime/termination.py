@@ -1,0 +1,166 @@
+"""Fatal start-up errors as a termination message a person can act on.
+
+When `pagoda-runtime serve` cannot start it exits non-zero and writes one short message to the file named
+by `PAGODA_TERMINATION_MESSAGE_PATH` (the operator sets it to the container's terminationMessagePath,
+/dev/termination-log). Kubernetes shows the message in the pod's
+`status.containerStatuses[].lastState.terminated.message`, and the operator copies it into the
+InferenceService's Degraded condition. The message is `<Reason>: <what happened>; <what to change>`: the
+reason is a stable CamelCase word (documented in docs/runtime.md), the rest names the InferenceService
+field to change.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+
+from pagoda.runtime.enginefailure import EngineFailure
+
+log = logging.getLogger("pagoda.runtime")
+
+PATH_ENV = "PAGODA_TERMINATION_MESSAGE_PATH"
+MAX_BYTES = 4096  # what the kubelet keeps of a termination message
+MAX_DETAIL_CHARS = 1500  # of an error text quoted from vLLM
+
+# vLLM 0.32 (v1/core/kv_cache_utils.py, _check_enough_kv_cache_memory) when the KV cache is too small for
+# one request of max_model_len tokens; and when no memory is left for the cache at all.
+_KV_TOO_SMALL = re.compile(
+    r"max seq len \((?P<len>\d+)\), \((?P<need>[\d.]+) GiB KV cache is needed, which is larger than "
+    r"the available KV cache memory \((?P<have>[\d.]+) GiB\)"
+)
+_KV_ESTIMATE = re.compile(r"estimated maximum model length is (?P<fit>\d+)")
+_NO_KV_MEMORY = "No available memory for the cache blocks"
+# vLLM 0.32 (config/model.py, _get_and_verify_max_len) when max_model_len exceeds the model's context.
+_LONGER_THAN_MODEL = re.compile(
+    r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived max_model_len "
+    r"\((?P<key>\w+)=(?P<limit>[\d.]+)"
+)
+_GROW_CACHE = "raise spec.engine.gpuMemoryUtilization or add GPUs (spec.engine.tensorParallelSize)"
+
+
+@dataclass(frozen=True)
+class Fatal:
+    """Why the runtime cannot start: a stable CamelCase `reason` and a message naming what to change."""
+
+    reason: str
+    message: str
+
+    def text(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+def write(fatal: Fatal, path: str | None = None) -> None:
+    """Log the failure and write it to the termination-message file (when one is configured)."""
+    log.error("Failed to start reason=%s message=%r", fatal.reason, fatal.message)
+    path = path or os.environ.get(PATH_ENV)
+    if not path:
+        return
+    data = fatal.text().encode("utf-8")[:MAX_BYTES].decode("utf-8", "ignore")
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(data)
+    except OSError as exc:
+        log.warning("Failed to write termination message path=%s error=%s", path, exc)
+
+
+def _quote(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+
+
+def invalid_config(message: str) -> Fatal:
+    return Fatal(
+        "InvalidConfig",
+        f"{_quote(message)}; the runtime's flags come from the InferenceService's spec.model, spec.engine "
+        "and spec.runtime, the arguments after -- from spec.engine.extraArgs: fix the one named",
+    )
+
+
+_MODEL_HINTS = {
+    "ModelNotFound": "fix spec.model.uri (and spec.model.revision for hf://), or put the model there",
+    "ModelInvalid": "spec.model.uri must point at a Hugging Face-format model directory "
+    "(config.json, weights, tokenizer)",
+    "ModelAccessDenied": "put valid credentials in the Secret named by spec.model.credentialsSecret",
+    "ModelDownloadFailed": "check spec.model.uri and that the store is reachable from the pod; "
+    "the pod retries on restart",
+}
+
+
+def model_source(reason: str, message: str) -> Fatal:
+    """A model that cannot be resolved (sources.ModelSourceError's reason and text)."""
+    hint = _MODEL_HINTS.get(reason, "fix spec.model.uri")
+    return Fatal(reason, f"{_quote(message)} (spec.model.uri); {hint}")
+
+
+def bind_failed(host: str, port: int, error: str) -> Fatal:
+    return Fatal("BindFailed", f"could not listen on {host}:{port} ({error}); another process holds the port")
+
+
+def engine_start(error: BaseException, root: EngineFailure | None, max_model_len: int | None) -> Fatal:
+    """The engine did not start: `root` is what its own process reported (enginefailure.py), `error` what
+    the runtime saw. The first that says something specific wins; else a generic EngineStartFailed."""
+    seen = [root] if root is not None else []
+    seen.append(EngineFailure(type(error).__name__, str(error)))
+    for failure in seen:
+        fatal = _specific(failure, max_model_len)
+        if fatal is not None:
+            return fatal
+    first = seen[0]
+    return Fatal(
+        "EngineStartFailed",
+        f"the vLLM engine failed to start: {first.type}: {_quote(first.message)}; "
+        "see the container log for the traceback",
+    )
+
+
+def _specific(failure: EngineFailure, max_model_len: int | None) -> Fatal | None:
+    text = failure.message
+    if match := _KV_TOO_SMALL.search(text):
+        return _kv_too_small(match, _KV_ESTIMATE.search(text), max_model_len)
+    if _NO_KV_MEMORY in text:
+        return Fatal(
+            "ModelDoesNotFit",
+            "the model's weights leave no memory for the KV cache; "
+            f"{_GROW_CACHE}, or serve a quantized model (spec.engine.quantization)",
+        )
+    if failure.type == "OutOfMemoryError" or "CUDA out of memory" in text:
+        return Fatal(
+            "ModelDoesNotFit",
+            f"the GPU ran out of memory while loading the model ({_quote(text)}); "
+            f"{_GROW_CACHE}, or serve a quantized model (spec.engine.quantization)",
+        )
+    if failure.type == "SafetensorError":
+        return Fatal(
+            "ModelInvalid",
+            f"the model's weights cannot be read ({_quote(text)}) (spec.model.uri); the copy is broken or "
+            "incomplete: copy the model there again",
+        )
+    if match := _LONGER_THAN_MODEL.search(text):
+        limit = int(float(match["limit"]))
+        return Fatal(
+            "MaxModelLenTooLarge",
+            f"maxModelLen {match['len']} is longer than the model's context ({match['key']}={limit} in its "
+            f"config.json); lower spec.engine.maxModelLen to at most {limit}",
+        )
+    return None
+
+
+def _kv_too_small(match: re.Match[str], estimate: re.Match[str] | None, max_model_len: int | None) -> Fatal:
+    length = int(match["len"])
+    which = f"maxModelLen {length}" if max_model_len is not None else f"the model's context length {length}"
+    fit = int(estimate["fit"]) if estimate else 0
+    need, have = match["need"], match["have"]  # vLLM's GiB, rounded to 0.01: 0.0 says nothing
+    sizes = f" ({need} GiB needed, {have} GiB available)" if float(need) > 0 and float(have) > 0 else ""
+    if fit > 0:
+        return Fatal(
+            "ModelDoesNotFit",
+            f"{which} needs KV-cache space for {length} tokens but the cache holds {fit} tokens{sizes}; "
+            f"lower spec.engine.maxModelLen to at most {fit}, {_GROW_CACHE}",
+        )
+    return Fatal(
+        "ModelDoesNotFit",
+        f"{which} needs KV-cache space for {length} tokens but the cache holds less than one block{sizes}; "
+        f"{_GROW_CACHE}",
+    )

@@ -1,0 +1,133 @@
+"""Pure: what the pods say blocks the service (termination-message reasons, OOM, crash loops, image pulls)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagoda.operator.reconcile.pods import container_issue, pods_issue, termination_reason
+
+NOT_FOUND = (
+    "ModelNotFound: model file:///models/nope: /models/nope does not exist or is not a directory "
+    "(spec.model.uri); fix spec.model.uri (and spec.model.revision for hf://), or put the model there"
+)
+
+
+def terminated(code: int = 1, reason: str = "Error", message: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"exitCode": code, "reason": reason, "finishedAt": "2026-01-01T00:00:00Z"}
+    if message is not None:
+        out["message"] = message
+    return out
+
+
+def container(
+    *,
+    restarts: int = 3,
+    ready: bool = False,
+    waiting: str | None = "CrashLoopBackOff",
+    last: dict[str, Any] | None = None,
+    current: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    state: dict[str, Any] = {}
+    if current is not None:
+        state["terminated"] = current
+    elif waiting is not None:
+        state["waiting"] = {"reason": waiting, "message": f"{waiting} detail"}
+    else:
+        state["running"] = {"startedAt": "2026-01-01T00:00:00Z"}
+    return {
+        "name": "runtime",
+        "ready": ready,
+        "restartCount": restarts,
+        "state": state,
+        "lastState": {"terminated": last} if last is not None else {},
+    }
+
+
+def pod(name: str, *statuses: dict[str, Any], deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "namespace": "ns"}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "status": {"containerStatuses": list(statuses)}}
+
+
+def test_reason_comes_from_the_termination_message() -> None:
+    issue = pods_issue([pod("m-7f-abc", container(last=terminated(message=NOT_FOUND)))])
+    assert issue is not None
+    assert issue.reason == "ModelNotFound"
+    assert issue.message.startswith("pod m-7f-abc container runtime: model file:///models/nope: /models/nope")
+    assert "(spec.model.uri)" in issue.message
+    assert issue.message.endswith("(exit code 1, 3 restarts)")
+
+
+def test_crash_without_a_message_is_a_runtime_crash_loop_with_the_log_tail() -> None:
+    issue = pods_issue([pod("p", container(last=terminated(code=2)))])
+    assert issue is not None and issue.reason == "RuntimeCrashLoop"
+    assert "exit code 2, 3 restarts" in issue.message
+    assert "kubectl logs p -c runtime --previous" in issue.message
+    # FallbackToLogsOnError: the log's tail starts with a timestamp, not a reason.
+    tail = "2026-01-01 00:00:01,403 INFO x\nTraceback (most recent call last):\nKeyError: 'x'"
+    issue = pods_issue([pod("p", container(last=terminated(message=tail)))])
+    assert issue is not None and issue.reason == "RuntimeCrashLoop"
+    assert "KeyError: 'x'" in issue.message
+
+
+def test_oom_killed_points_at_the_memory_limit() -> None:
+    issue = pods_issue([pod("p", container(last=terminated(code=137, reason="OOMKilled")))])
+    assert issue is not None and issue.reason == "OOMKilled"
+    assert "raise spec.resources.memory" in issue.message
+    assert "exit code 137" in issue.message
+    # Just killed, not yet restarted: the current state says it.
+    now = container(restarts=0, waiting=None, current=terminated(code=137, reason="OOMKilled"))
+    issue = pods_issue([pod("p", now)])
+    assert issue is not None and issue.reason == "OOMKilled"
+    assert "0 restarts" in issue.message
+
+
+def test_healthy_or_recovered_containers_are_no_issue() -> None:
+    running = container(restarts=0, waiting=None)
+    assert pods_issue([pod("p", running)]) is None
+    # Crashed once, long ago; serving again.
+    recovered = container(restarts=1, ready=True, waiting=None, last=terminated(message=NOT_FOUND))
+    assert pods_issue([pod("p", recovered)]) is None
+    # Still loading the model for the first time.
+    assert pods_issue([pod("p", container(restarts=0, waiting="ContainerCreating"))]) is None
+    assert pods_issue([pod("p")]) is None
+    assert pods_issue([]) is None
+
+
+def test_restarted_and_loading_again_keeps_the_last_reason() -> None:
+    loading = container(restarts=2, ready=False, waiting=None, last=terminated(message=NOT_FOUND))
+    issue = pods_issue([pod("p", loading)])
+    assert issue is not None and issue.reason == "ModelNotFound"
+
+
+def test_first_failing_pod_by_name_and_the_count_of_others() -> None:
+    crash = container(last=terminated(message=NOT_FOUND))
+    fine = container(restarts=0, waiting=None)
+    issue = pods_issue(
+        [pod("m-c", crash), pod("m-a", fine), pod("m-b", crash), pod("m-0", crash, deleting=True)]
+    )
+    assert issue is not None
+    assert issue.message.startswith("pod m-b container runtime:")
+    assert issue.message.endswith("(1 more pod failing)")
+    issue = pods_issue([pod("m-c", crash), pod("m-d", crash), pod("m-b", crash)])
+    assert issue is not None and issue.message.endswith("(2 more pods failing)")
+
+
+def test_container_that_cannot_start_keeps_the_kubelets_reason() -> None:
+    issue = container_issue("p", container(restarts=0, waiting="ImagePullBackOff"))
+    assert issue is not None and issue.reason == "ImagePullBackOff"
+    assert "spec.runtime.image" in issue.message and "pod p container runtime" in issue.message
+    issue = container_issue("p", container(restarts=0, waiting="CreateContainerConfigError"))
+    assert issue is not None and issue.reason == "CreateContainerConfigError"
+
+
+def test_termination_reason_needs_a_camel_case_word_and_a_colon() -> None:
+    assert termination_reason("ModelDoesNotFit: maxModelLen 4096 ...") == (
+        "ModelDoesNotFit",
+        "maxModelLen 4096 ...",
+    )
+    assert termination_reason("2026-01-01 22:45:21,403 INFO x") == (None, "2026-01-01 22:45:21,403 INFO x")
+    assert termination_reason("Traceback (most recent call last):")[0] is None
+    assert termination_reason("lowercase: no")[0] is None
+    assert termination_reason("")[0] is None
