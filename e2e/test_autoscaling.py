@@ -17,6 +17,7 @@ from e2e.stack import Stack
 pytestmark = pytest.mark.e2e
 
 
+@pytest.mark.timeout(1200)  # three real runtimes start one after another on two cores
 def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     stack: Stack, operator: OperatorProcess, namespace: str
 ) -> None:

@@ -1,18 +1,21 @@
 """Pods that really run: the operator's pods on the node agent's node, as real `pagoda-runtime` processes
 with their own network namespace and pod IP.
 
-1. examples/tiny-cpu.yaml in a namespace that enforces the `restricted` Pod Security Standard: admitted,
-   Running at a pod IP of the agent's range, Ready from its own readiness probe, listed Ready in the Service's
-   EndpointSlice, and answering a chat request at that IP.
-2. Deleting a pod under load: preStop, SIGTERM, drain; the Deployment's replacement takes over; no request
-   fails, and the old pod's network namespace and processes are gone.
-3. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
+One two-replica service (examples/tiny-cpu.yaml) in a namespace that enforces the `restricted` Pod Security
+Standard serves the first three tests, in order:
+1. its pods are admitted, Running at pod IPs of the agent's range, Ready from their own readiness probes,
+   listed Ready in the Service's EndpointSlice, and answer chat requests at those IPs;
+2. deleting a pod under load (preStop, SIGTERM, drain; the Deployment's replacement takes over) fails no
+   request, and the old pod's network namespace is gone;
+3. a spec change under load rolls the Deployment (surge, nothing unavailable) and fails no request.
+4. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
    turns Degraded with the runtime's own reason.
+The load is spread over the Ready endpoints of the Service's EndpointSlices, as a Service would.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -35,95 +38,123 @@ from e2e.realpods import (
 )
 
 pytestmark = pytest.mark.e2e
-REPO = Path(__file__).resolve().parents[1]
+REPLICAS = 2
 
 
 def apply(cluster: Cluster, obj: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
 
 
-def netns_names() -> list[str]:
-    return podnet._netns_names()
-
-
-def test_tiny_service_runs_as_a_real_pod_in_a_restricted_namespace(
-    cluster: Cluster, operator: OperatorProcess, namespace: str
+def wait_ready_replicas(
+    cluster: Cluster, namespace: str, name: str, count: int, timeout: float = 480
 ) -> None:
+    def settled() -> bool:
+        deployment = get_json(cluster, "-n", namespace, "deployment", name)
+        status = deployment.get("status", {})
+        return (
+            status.get("observedGeneration") == deployment["metadata"]["generation"]
+            and status.get("updatedReplicas") == count
+            and status.get("readyReplicas") == count
+            and status.get("replicas") == count
+        )
+
+    wait_until(settled, f"{count} updated Ready replicas of {namespace}/{name}", timeout=timeout, interval=1)
+
+
+@pytest.fixture(scope="module")
+def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> Iterator[str]:
+    """The namespace of a Ready two-replica `tiny` service; the namespace enforces `restricted`."""
+    namespace = "real-pods"
+    cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    apply(cluster, tiny_sample(namespace, real_pods=True))
-    wait_condition(cluster, namespace, "tiny", "Ready")
-
-    [pod] = ready_pods(cluster, namespace, "tiny")
-    status = pod["status"]
-    assert pod["spec"]["nodeName"] == REAL_NODE
-    assert status["phase"] == "Running"
-    assert is_real_pod_ip(status["podIP"]), status["podIP"]
-    [container] = status["containerStatuses"]
-    assert container["ready"] and container["started"] and container["restartCount"] == 0
-    assert "running" in container["state"]
-
-    endpoints = ServiceEndpoints(cluster, namespace, "tiny")
-    try:
-        assert endpoints.addresses == [status["podIP"]]
-    finally:
-        endpoints.stop()
-    reply = httpx.post(
-        f"http://{status['podIP']}:8000/v1/chat/completions",
-        json={"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
-        timeout=120,
-    )
-    assert reply.status_code == 200, reply.text
-    assert reply.json()["usage"]["completion_tokens"] > 0
-
-
-def test_deleting_a_pod_under_load_loses_no_request(
-    cluster: Cluster, operator: OperatorProcess, namespace: str
-) -> None:
     sample = tiny_sample(namespace, real_pods=True)
-    sample["spec"]["replicas"] = 2
+    sample["spec"]["replicas"] = REPLICAS
+    sample["spec"]["rollout"] = {"maxSurge": REPLICAS}  # both new pods start at once; none unavailable
     apply(cluster, sample)
-    wait_until(
-        lambda: len(ready_pods(cluster, namespace, "tiny")) == 2, "2 Ready pods", timeout=600, interval=1
-    )
-    victim = ready_pods(cluster, namespace, "tiny")[0]
-    uid = victim["metadata"]["uid"]
+    try:
+        wait_condition(cluster, namespace, "tiny", "Ready", timeout=480)
+        wait_ready_replicas(cluster, namespace, "tiny", REPLICAS)
+        yield namespace
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 
+
+def under_load(cluster: Cluster, namespace: str) -> tuple[ServiceEndpoints, Load]:
     endpoints = ServiceEndpoints(cluster, namespace, "tiny")
     load = Load(endpoints.pick, "tiny", clients=4, max_seconds=600).start()
-    try:
-        wait_until(lambda: load.completed >= 8, "requests to complete before the deletion", timeout=120)
-        cluster.kubectl("delete", "pod", "-n", namespace, victim["metadata"]["name"], "--wait=false")
-        wait_until(
-            lambda: (
-                not get_json(
-                    cluster,
-                    "-n",
-                    namespace,
-                    "pods",
-                    "--field-selector",
-                    f"metadata.name={victim['metadata']['name']}",
-                )["items"]
-            ),
-            "the deleted pod to be removed",
+    wait_until(lambda: load.completed >= 8, "requests to complete under load", timeout=120)
+    return endpoints, load
+
+
+def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: str) -> None:
+    running = ready_pods(cluster, serving, "tiny")
+    assert len(running) == REPLICAS
+    endpoints = ServiceEndpoints(cluster, serving, "tiny")
+    endpoints.stop()
+    assert sorted(endpoints.addresses) == sorted(p["status"]["podIP"] for p in running)
+    for pod in running:
+        status = pod["status"]
+        assert pod["spec"]["nodeName"] == REAL_NODE
+        assert status["phase"] == "Running"
+        assert is_real_pod_ip(status["podIP"]), status["podIP"]
+        [container] = status["containerStatuses"]
+        assert container["ready"] and container["started"] and container["restartCount"] == 0
+        assert "running" in container["state"]
+        reply = httpx.post(
+            f"http://{status['podIP']}:8000/v1/chat/completions",
+            json={"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8},
             timeout=120,
-            interval=1,
         )
-        wait_until(
-            lambda: len(ready_pods(cluster, namespace, "tiny")) == 2,
-            "a replacement Ready",
-            timeout=600,
-            interval=1,
-        )
-        served_by_new = len(load.records)
-        wait_until(
-            lambda: len(load.records) >= served_by_new + 8, "requests after the replacement", timeout=120
-        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] > 0
+
+
+def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: str) -> None:
+    victim = ready_pods(cluster, serving, "tiny")[0]
+    name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
+    endpoints, load = under_load(cluster, serving)
+    try:
+        cluster.kubectl("delete", "pod", "-n", serving, name, "--wait=false")
+
+        def removed() -> bool:
+            selector = f"metadata.name={name}"
+            return not get_json(cluster, "-n", serving, "pods", "--field-selector", selector)["items"]
+
+        wait_until(removed, "the deleted pod to be removed", timeout=120, interval=1)
+        wait_ready_replicas(cluster, serving, "tiny", REPLICAS)
+        before = len(load.records)
+        wait_until(lambda: len(load.records) >= before + 8, "requests after the replacement", timeout=120)
     finally:
         load.stop()
         endpoints.stop()
     assert load.failures == [], load.failures
-    assert not any(name.endswith(uid[:8]) for name in netns_names())
-    assert len({r.endpoint for r in load.records}) >= 3  # both old pods, then the replacement
+    assert not any(ns.endswith(uid[:8]) for ns in podnet._netns_names())
+    assert victim["status"]["podIP"] in {r.endpoint.split("//")[1].split(":")[0] for r in load.records}
+
+
+def test_a_spec_change_under_load_rolls_with_no_failed_request(cluster: Cluster, serving: str) -> None:
+    before = {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")}
+    endpoints, load = under_load(cluster, serving)
+    try:
+        patch = {"spec": {"runtime": {"drainTimeoutSeconds": 12}}}
+        cluster.kubectl(
+            "patch", "inferenceservice", "tiny", "-n", serving, "--type=merge", "-p", yaml.safe_dump(patch)
+        )
+        wait_until(
+            lambda: not before & {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")},
+            "every pod to be replaced",
+            timeout=600,
+            interval=1,
+        )
+        wait_ready_replicas(cluster, serving, "tiny", REPLICAS)
+    finally:
+        load.stop()
+        endpoints.stop()
+    assert load.failures == [], load.failures
+    deployment = get_json(cluster, "-n", serving, "deployment", "tiny")
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--drain-timeout") + 1] == "12"
 
 
 def test_a_runtime_that_cannot_start_crashes_with_its_reason(
