@@ -27,9 +27,10 @@ import yaml
 from e2e import _objects
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
-from e2e.observability import Load
+from e2e.observability import Load, PrometheusAt
 from e2e.processes import wait_until
 from e2e.realpods import ServiceEndpoints, wait_condition
+from pagoda.operator.resources.scaledobject import queue_depth_query
 
 NAME = "tiny"
 MIN_REPLICAS, MAX_REPLICAS = 1, 3
@@ -59,7 +60,8 @@ def autoscaled_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
 @dataclass
 class Sample:
     t: float
-    signal: float | None
+    signal: float | None  # the trigger's query: in-flight requests (running + waiting) over all pods
+    waiting: float | None  # waiting requests only, what metric QueueDepth would scale on
     external: float | None
     desired: int | None
     current: int | None
@@ -75,22 +77,54 @@ class Timeline:
 
     def reaction_times(self) -> dict[str, float]:
         m = self.marks
+        asked = [s.t for s in self.samples if s.t >= m["load_start"] and (s.desired or 0) > MIN_REPLICAS]
+        decided = asked[0]
         return {
+            "load start -> HPA asks for more replicas (s)": round(decided - m["load_start"], 1),
             "load start -> second replica Ready (s)": round(m["second_ready"] - m["load_start"], 1),
             "load start -> max replicas Ready (s)": round(m["max_ready"] - m["load_start"], 1),
             "load end -> back to min replicas (s)": round(m["back_to_min"] - m["load_end"], 1),
         }
+
+    def phases(self) -> dict[str, dict[str, float | int | None]]:
+        """Per phase of the run: requests, TTFT p50/p95 (s), and the peak in-flight and waiting signals."""
+        m = self.marks
+        bounds = {
+            "one replica under load": (m["load_start"], m["second_ready"]),
+            "all replicas under load": (m["max_ready"], m["load_end"]),
+            "scale-in under light load": (m["load_end"], m["back_to_min"]),
+        }
+        out: dict[str, dict[str, float | int | None]] = {}
+        for phase, (start, end) in bounds.items():
+            ttfts = sorted(
+                r["ttft"] for r in self.requests if start <= r["t"] < end and r["ttft"] is not None
+            )
+            samples = [s for s in self.samples if start <= s.t < end]
+            out[phase] = {
+                "requests": len(ttfts),
+                "ttft_p50_s": _percentile(ttfts, 0.5),
+                "ttft_p95_s": _percentile(ttfts, 0.95),
+                "peak_in_flight": max((s.signal or 0 for s in samples), default=None),
+                "peak_waiting": max((s.waiting or 0 for s in samples), default=None),
+            }
+        return out
 
     def to_json(self) -> str:
         return json.dumps(
             {
                 "marks": self.marks,
                 "reaction_times": self.reaction_times(),
+                "phases": self.phases(),
                 "samples": [asdict(s) for s in self.samples],
                 "requests": self.requests,
             },
             indent=1,
         )
+
+    @classmethod
+    def from_json(cls, text: str) -> Timeline:
+        data = json.loads(text)
+        return cls([Sample(**s) for s in data["samples"]], data["requests"], data["marks"])
 
 
 class Sampler(threading.Thread):
@@ -121,10 +155,7 @@ class Sampler(threading.Thread):
         return str(obj["spec"]["triggers"][0]["metadata"]["query"])
 
     def prometheus(self, query: str) -> float | None:
-        import httpx
-
-        body = httpx.get(f"{self.prometheus_url}/api/v1/query", params={"query": query}, timeout=5).json()
-        result = body.get("data", {}).get("result") or []
+        result = PrometheusAt(self.prometheus_url).query(query)
         return float(result[0]["value"][1]) if result else None
 
     def external(self, hpa: Any) -> float | None:
@@ -145,6 +176,7 @@ class Sampler(threading.Thread):
         return Sample(
             t=round(time.monotonic() - self.t0, 2),
             signal=self.prometheus(query),
+            waiting=self.prometheus(queue_depth_query(NAME, self.namespace)),
             external=self.external(hpa),
             desired=(hpa or {}).get("status", {}).get("desiredReplicas"),
             current=(hpa or {}).get("status", {}).get("currentReplicas"),
@@ -165,6 +197,10 @@ class Sampler(threading.Thread):
         self.join(timeout=30)
         self.api.close()
         return self.samples
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return round(values[min(len(values) - 1, int(q * len(values)))], 3) if values else None
 
 
 def _quantity(value: str) -> float:
@@ -252,6 +288,7 @@ def plot(timeline: Timeline, path: Path) -> None:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 6.5), sharex=True)
     t = [s.t for s in timeline.samples]
     top.plot(t, [s.signal for s in timeline.samples], label="in-flight requests (Prometheus, all pods)")
+    top.plot(t, [s.waiting for s in timeline.samples], label="waiting requests (Prometheus, all pods)")
     top.plot(t, [s.in_flight for s in timeline.samples], ":", label="in-flight requests (client side)")
     top.set_ylabel("requests")
     replicas = top.twinx()
@@ -260,7 +297,7 @@ def plot(timeline: Timeline, path: Path) -> None:
     replicas.set_ylabel("replicas")
     replicas.set_ylim(0, MAX_REPLICAS + 0.5)
     lines = top.get_legend_handles_labels()[0] + replicas.get_legend_handles_labels()[0]
-    top.legend(lines, [ln.get_label() for ln in lines], loc="upper right", fontsize=8)
+    top.legend(lines, [ln.get_label() for ln in lines], loc="center left", fontsize=7)
     done = [r for r in timeline.requests if r["ttft"] is not None]
     bottom.scatter([r["t"] for r in done], [r["ttft"] for r in done], s=4)
     bottom.set_ylabel("TTFT (s)")
@@ -278,17 +315,25 @@ def plot(timeline: Timeline, path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.autoscaling", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="docs/autoscaling", help="writes OUT.json and OUT.png")
+    parser.add_argument("--replot", action="store_true", help="only redraw OUT.png from OUT.json")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    if args.replot:
+        timeline = Timeline.from_json(out.with_suffix(".json").read_text())
+        plot(timeline, out.with_suffix(".png"))
+        print(
+            json.dumps({"reaction_times": timeline.reaction_times(), "phases": timeline.phases()}, indent=1)
+        )
+        return 0
     from e2e.stack import private_stack, run_operator
 
     with private_stack() as stack, run_operator(stack.cluster, stack.cluster.workdir / "operator.log"):
         namespace = "autoscaling"
         stack.cluster.kubectl("create", "namespace", namespace)
         timeline, load = run_scenario(stack.cluster, namespace, stack.prometheus_url)
-    out = Path(args.out)
     out.with_suffix(".json").write_text(timeline.to_json() + "\n")
     plot(timeline, out.with_suffix(".png"))
-    print(json.dumps(timeline.reaction_times(), indent=1))
+    print(json.dumps({"reaction_times": timeline.reaction_times(), "phases": timeline.phases()}, indent=1))
     print(f"{load.completed} requests completed, {len(load.failures)} failed; wrote {out}.json and {out}.png")
     return 0 if not load.failures else 1
 

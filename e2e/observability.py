@@ -49,8 +49,42 @@ class PromQLError(AssertionError):
     pass
 
 
+class PromQL:
+    """Prometheus' HTTP API at `self.url`: queries that raise PromQLError with the server's message."""
+
+    url: str
+
+    def api(self, path: str, **params: str) -> Any:
+        response = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
+        body = response.json()
+        if body.get("status") != "success":
+            raise PromQLError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.api("query", query=expr)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def query_range(self, expr: str, start: float, end: float, step: str = "2s") -> list[dict[str, Any]]:
+        data = self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=step)
+        result: list[dict[str, Any]] = data["result"]
+        return result
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        values: list[str] = self.api(f"label/{label}/values", **{"match[]": match})
+        return values
+
+
 @dataclass
-class Prometheus(ManagedProcess):
+class PrometheusAt(PromQL):
+    """A Prometheus someone else runs (e2e/monitoring.py for the add-ons)."""
+
+    url: str
+
+
+@dataclass
+class Prometheus(ManagedProcess, PromQL):
     workdir: Path
     port: int = field(default_factory=free_port)
     rule_files: list[Path] = field(default_factory=list)
@@ -112,26 +146,42 @@ class Prometheus(ManagedProcess):
         active = self.api("targets")["activeTargets"]
         return any(t["scrapeUrl"].startswith(f"http://{address}/") and t["health"] == "up" for t in active)
 
-    def api(self, path: str, **params: str) -> Any:
-        response = httpx.get(f"{self.url}/api/v1/{path}", params=params, timeout=30)
-        body = response.json()
-        if body.get("status") != "success":
-            raise PromQLError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
-        return body["data"]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        data = self.api("query", query=expr)
-        result: list[dict[str, Any]] = data["result"]
-        return result
+DASHBOARDS = Path(__file__).resolve().parents[1] / "charts" / "pagoda" / "files" / "dashboards"
+KUBE_STATE_METRICS = ("kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready")
 
-    def query_range(self, expr: str, start: float, end: float, step: str = "2s") -> list[dict[str, Any]]:
-        data = self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=step)
-        result: list[dict[str, Any]] = data["result"]
-        return result
 
-    def label_values(self, label: str, match: str) -> list[str]:
-        values: list[str] = self.api(f"label/{label}/values", **{"match[]": match})
-        return values
+def dashboard(name: str) -> dict[str, Any]:
+    board: dict[str, Any] = json.loads((DASHBOARDS / f"{name}.json").read_text())
+    return board
+
+
+def resolve_variables(prom: PromQL, board: dict[str, Any]) -> dict[str, str]:
+    """Resolve namespace, then service, with the dashboard's own label_values() queries, as Grafana does."""
+    chosen: dict[str, str] = {}
+    for variable in board["templating"]["list"]:
+        if variable["type"] != "query":
+            continue
+        definition = variable["definition"]
+        for name, value in chosen.items():
+            definition = definition.replace(f"${name}", value)
+        selector, label = definition.removeprefix("label_values(").removesuffix(")").rsplit(",", 1)
+        values = prom.label_values(label.strip(), selector.strip())
+        assert values, f"variable {variable['name']}: {definition} returned nothing"
+        chosen[variable["name"]] = sorted(values)[0]
+    return chosen
+
+
+def panel_queries(board: dict[str, Any], variables: dict[str, str]) -> list[tuple[str, str, str]]:
+    """(panel title, legend, query with variables substituted) for every target."""
+    out = []
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$__rate_interval", RATE_INTERVAL)
+            for name, value in variables.items():
+                expr = expr.replace(f"${name}", value)
+            out.append((panel["title"], target.get("legendFormat", ""), expr))
+    return out
 
 
 @dataclass
@@ -186,8 +236,9 @@ class Load:
     that `target` gives (a fixed URL, or a callable that picks one per request, as a Service would).
 
     The prompts share a long system prefix, so the prefix cache gets hits; there are more clients than
-    the engine's max-num-seqs, so requests queue. Bounded: at most `max_requests` requests and
-    `max_seconds` seconds in all, whatever the caller does."""
+    the engine's max-num-seqs, so requests queue. Each client waits `pause` seconds between its requests (a
+    light, steady load). Bounded: at most `max_requests` requests and `max_seconds` seconds in all, whatever
+    the caller does."""
 
     def __init__(
         self,
@@ -197,10 +248,11 @@ class Load:
         max_tokens: int = 24,
         max_requests: int = 20_000,
         max_seconds: float = 1200.0,
+        pause: float = 0.0,
     ) -> None:
         self.pick = target if callable(target) else (lambda: target)
         self.model, self.clients, self.max_tokens = model, clients, max_tokens
-        self.max_requests, self.max_seconds = max_requests, max_seconds
+        self.max_requests, self.max_seconds, self.pause = max_requests, max_seconds, pause
         self.stop_event = threading.Event()
         self.threads: list[threading.Thread] = []
         self.records: list[Record] = []
@@ -251,6 +303,7 @@ class Load:
                 with self._lock:
                     self.in_flight -= 1
                     self.records.append(record)
+                self.stop_event.wait(self.pause)
 
     def start(self) -> Load:
         for index in range(self.clients):

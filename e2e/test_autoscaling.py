@@ -6,11 +6,13 @@ removed pods drain: no request fails over the whole run. The scenario is e2e/aut
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
 
 from e2e.autoscaling import MAX_REPLICAS, MIN_REPLICAS, TARGET_IN_FLIGHT, run_scenario
+from e2e.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
 from e2e.processes import OperatorProcess
 from e2e.stack import Stack
 
@@ -21,6 +23,7 @@ pytestmark = pytest.mark.e2e
 def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     stack: Stack, operator: OperatorProcess, namespace: str
 ) -> None:
+    began = time.time()
     timeline, load = run_scenario(stack.cluster, namespace, stack.prometheus_url)
 
     assert load.failures == [], load.failures[:10]
@@ -37,3 +40,25 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     last = timeline.samples[-1]
     assert (last.desired, last.ready) == (MIN_REPLICAS, MIN_REPLICAS)
     assert timeline.marks["second_ready"] < timeline.marks["max_ready"] < timeline.marks["load_end"]
+
+    # The dashboard's kube-state-metrics panels show the run: desired and ready replicas went 1 -> 3 -> 1,
+    # and "Scaling events" saw the desired count change.
+    prometheus = PrometheusAt(stack.prometheus_url)
+    panels = {
+        (title, legend): expr
+        for title, legend, expr in panel_queries(
+            dashboard("inferenceservice"), {"namespace": namespace, "service": "tiny"}
+        )
+        if any(metric in expr for metric in KUBE_STATE_METRICS)
+    }
+    assert len(panels) == 3, panels
+
+    def series(key: tuple[str, str]) -> list[float]:
+        [result] = prometheus.query_range(panels[key], began, time.time(), step="1s")
+        return [float(v) for _, v in result["values"]]
+
+    desired = series(("Replicas: desired vs ready", "desired"))
+    ready = series(("Replicas: desired vs ready", "ready (Deployment)"))
+    assert (min(desired), max(desired), desired[-1]) == (MIN_REPLICAS, MAX_REPLICAS, MIN_REPLICAS)
+    assert (max(ready), ready[-1]) == (MAX_REPLICAS, MIN_REPLICAS)
+    assert max(series(("Scaling events", "desired replicas changed"))) >= 1

@@ -23,47 +23,23 @@ import yaml
 
 from e2e.cluster import Cluster, default_bin_dir
 from e2e.fixtures import tiny_sample
-from e2e.observability import OPERATOR_LABELS, RATE_INTERVAL, RUNTIME_LABELS, Load, Prometheus, Runtime
+from e2e.observability import (
+    KUBE_STATE_METRICS,
+    OPERATOR_LABELS,
+    RATE_INTERVAL,
+    RUNTIME_LABELS,
+    Load,
+    Prometheus,
+    Runtime,
+    dashboard,
+    panel_queries,
+    resolve_variables,
+)
 from e2e.processes import VENV_BIN, OperatorProcess, wait_until
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
-DASHBOARDS = REPO / "charts" / "pagoda" / "files" / "dashboards"
-KUBE_STATE_METRICS = ("kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready")
-
-
-def dashboard(name: str) -> dict[str, Any]:
-    board: dict[str, Any] = json.loads((DASHBOARDS / f"{name}.json").read_text())
-    return board
-
-
-def resolve_variables(prom: Prometheus, board: dict[str, Any]) -> dict[str, str]:
-    """Resolve namespace, then service, with the dashboard's own label_values() queries, as Grafana does."""
-    chosen: dict[str, str] = {}
-    for variable in board["templating"]["list"]:
-        if variable["type"] != "query":
-            continue
-        definition = variable["definition"]
-        for name, value in chosen.items():
-            definition = definition.replace(f"${name}", value)
-        selector, label = definition.removeprefix("label_values(").removesuffix(")").rsplit(",", 1)
-        values = prom.label_values(label.strip(), selector.strip())
-        assert values, f"variable {variable['name']}: {definition} returned nothing"
-        chosen[variable["name"]] = sorted(values)[0]
-    return chosen
-
-
-def panel_queries(board: dict[str, Any], variables: dict[str, str]) -> list[tuple[str, str, str]]:
-    """(panel title, legend, query with variables substituted) for every target."""
-    out = []
-    for panel in board["panels"]:
-        for target in panel["targets"]:
-            expr = target["expr"].replace("$__rate_interval", RATE_INTERVAL)
-            for name, value in variables.items():
-                expr = expr.replace(f"${name}", value)
-            out.append((panel["title"], target.get("legendFormat", ""), expr))
-    return out
 
 
 def chart_rules(workdir: Path) -> Path:
@@ -191,7 +167,7 @@ def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str
     for title, legend, expr in panel_queries(board, variables):
         result = prom.query(expr)  # raises on a PromQL error, naming the query
         if any(metric in expr for metric in KUBE_STATE_METRICS):
-            continue  # proved in test_kube_state_metrics_panels_are_accepted_by_prometheus
+            continue  # kube-state-metrics runs with the add-ons: e2e/test_autoscaling.py checks these panels
         if not result:
             empty.append(f"{title} [{legend}]: {expr}")
         results[(title, legend)] = result
@@ -249,22 +225,6 @@ def test_operator_dashboard_panels_have_data(prometheus: Prometheus, reconciling
     assert "SecretNotFound" in {r["metric"]["reason"] for r in errors}
     assert value(results[("Reconcile latency", "p99")]) > 0
     assert value(results[("Operator up", "up")]) == 1
-
-
-def test_kube_state_metrics_panels_are_accepted_by_prometheus(
-    prometheus: Prometheus, loaded_runtime: Load
-) -> None:
-    """Desired/ready replicas from kube-state-metrics: not running here, so only the queries are checked
-    (Prometheus accepts them; they return data once kube-state-metrics is scraped: docs/observability.md)."""
-    board = dashboard("inferenceservice")
-    queries = [
-        q
-        for q in panel_queries(board, {"namespace": "ml", "service": "tiny"})
-        if any(m in q[2] for m in KUBE_STATE_METRICS)
-    ]
-    assert len(queries) == 3
-    for _title, _legend, expr in queries:
-        prometheus.query(expr)
 
 
 def test_chart_alert_rules_evaluate_on_real_data(prometheus: Prometheus, loaded_runtime: Load) -> None:

@@ -37,7 +37,7 @@ from e2e.realpods import (
     wait_condition,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
 REPLICAS = 2
 
 
@@ -70,6 +70,7 @@ def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> It
     sample = tiny_sample(namespace, real_pods=True)
     sample["spec"]["replicas"] = REPLICAS
     sample["spec"]["rollout"] = {"maxSurge": REPLICAS}  # both new pods start at once; none unavailable
+    sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900  # engines start slowly on two shared cores
     apply(cluster, sample)
     try:
         wait_condition(cluster, namespace, "tiny", "Ready", timeout=480)
@@ -81,7 +82,9 @@ def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> It
 
 def under_load(cluster: Cluster, namespace: str) -> tuple[ServiceEndpoints, Load]:
     endpoints = ServiceEndpoints(cluster, namespace, "tiny")
-    load = Load(endpoints.pick, "tiny", clients=4, max_seconds=600).start()
+    # A light, steady load: requests flow through every transition, and the CPUs (two, here) stay free
+    # enough for the new replicas' engines to start.
+    load = Load(endpoints.pick, "tiny", clients=2, pause=0.25, max_seconds=900).start()
     wait_until(lambda: load.completed >= 8, "requests to complete under load", timeout=120)
     return endpoints, load
 
