@@ -92,9 +92,14 @@ def under_load(cluster: Cluster, namespace: str) -> tuple[ServiceEndpoints, Load
 def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: str) -> None:
     running = ready_pods(cluster, serving, "tiny")
     assert len(running) == REPLICAS
+    addresses = sorted(p["status"]["podIP"] for p in running)
     endpoints = ServiceEndpoints(cluster, serving, "tiny")
-    endpoints.stop()
-    assert sorted(endpoints.addresses) == sorted(p["status"]["podIP"] for p in running)
+    try:  # the EndpointSlice controller follows the pods' Ready condition within moments
+        wait_until(
+            lambda: endpoints.addresses == addresses, "both pods Ready in the EndpointSlice", timeout=30
+        )
+    finally:
+        endpoints.stop()
     for pod in running:
         status = pod["status"]
         assert pod["spec"]["nodeName"] == REAL_NODE
