@@ -44,6 +44,8 @@ EXTERNAL_METRICS = "/apis/external.metrics.k8s.io/v1beta1"
 def autoscaled_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
     sample = tiny_sample(namespace, NAME, real_pods=True)
     sample["spec"].pop("replicas")
+    # New replicas start their engines beside a busy one on two shared cores: minutes, not seconds.
+    sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900
     sample["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": "2s"}}
     sample["spec"]["autoscaling"] = {
         "minReplicas": MIN_REPLICAS,
