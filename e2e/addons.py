@@ -64,6 +64,9 @@ EXTERNAL_METRICS_APISERVICE = f"v1beta1.{EXTERNAL_METRICS_GROUP}"
 APPLY = ("apply", "--server-side", "--force-conflicts", "--field-manager=pagoda-e2e-addons")
 START_TIMEOUT = 120.0
 GRPC_CONNECTED = "Connection to KEDA Metrics Service gRPC server has been successfully established"
+# The chart's custom-resource-state config (spec.cost and the GPU count of each InferenceService), the very
+# file users hand to their kube-state-metrics.
+KSM_CUSTOM_RESOURCE_STATE = _procs.REPO_ROOT / "charts/pagoda/files/kube-state-metrics/inferenceservice.yaml"
 
 
 class AddonsMissingError(_procs.StartError):
@@ -363,7 +366,8 @@ def start_keda(
 
 
 class KubeStateMetrics(AddonProcess):
-    """kube-state-metrics on loopback: object metrics at `metrics_url`, its own at `telemetry_url`."""
+    """kube-state-metrics on loopback: object metrics at `metrics_url` (the built-in ones, and the
+    InferenceServices' from the chart's custom-resource-state config), its own at `telemetry_url`."""
 
     def __init__(self, cluster: Cluster, log_dir: Path, *, detach: bool) -> None:
         super().__init__("kube-state-metrics", cluster.bin_dir, log_dir, detach=detach)
@@ -385,6 +389,8 @@ class KubeStateMetrics(AddonProcess):
             f"--port={self.port}",
             "--telemetry-host=127.0.0.1",
             f"--telemetry-port={self.telemetry_port}",
+            # Discovers the InferenceService CRD when it appears (every 3 s), also after the start.
+            f"--custom-resource-state-config-file={KSM_CUSTOM_RESOURCE_STATE}",
         ]
 
     def wait_ready(self, deadline: float) -> None:

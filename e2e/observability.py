@@ -61,8 +61,9 @@ class PromQL:
             raise PromQLError(f"{path} {params}: {body.get('errorType')}: {body.get('error')}")
         return body["data"]
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
-        data = self.api("query", query=expr)
+    def query(self, expr: str, at: float | None = None) -> list[dict[str, Any]]:
+        """An instant query, now or at the Unix time `at`."""
+        data = self.api("query", query=expr, **({} if at is None else {"time": f"{at:.3f}"}))
         result: list[dict[str, Any]] = data["result"]
         return result
 
@@ -89,6 +90,7 @@ class Prometheus(ManagedProcess, PromQL):
     port: int = field(default_factory=free_port)
     rule_files: list[Path] = field(default_factory=list)
     targets: list[dict[str, Any]] = field(default_factory=list)
+    static_targets: list[dict[str, Any]] = field(default_factory=list)
 
     name = "prometheus"
     LOG_NAME = "prometheus.log"
@@ -107,7 +109,17 @@ class Prometheus(ManagedProcess, PromQL):
                     ],
                     # The Prometheus Operator sets `job` to the Service's name (file_sd cannot set it).
                     "relabel_configs": [{"source_labels": ["__job"], "target_label": "job"}],
-                }
+                },
+                {
+                    # Exporters whose series name their objects' namespace themselves (kube-state-metrics),
+                    # kept as kube-prometheus-stack keeps them (honorLabels).
+                    "job_name": "static",
+                    "honor_labels": True,
+                    "file_sd_configs": [
+                        {"files": [str(self.workdir / "static-targets.json")], "refresh_interval": "1s"}
+                    ],
+                    "relabel_configs": [{"source_labels": ["__job"], "target_label": "job"}],
+                },
             ],
         }
         (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -125,9 +137,10 @@ class Prometheus(ManagedProcess, PromQL):
         return self
 
     def _write_targets(self) -> None:
-        tmp = self.workdir / "targets.json.tmp"
-        tmp.write_text(json.dumps(self.targets))
-        tmp.replace(self.workdir / "targets.json")  # atomic: Prometheus never reads half a file
+        for name, targets in (("targets.json", self.targets), ("static-targets.json", self.static_targets)):
+            tmp = self.workdir / f"{name}.tmp"
+            tmp.write_text(json.dumps(targets))
+            tmp.replace(self.workdir / name)  # atomic: Prometheus never reads half a file
 
     def add_target(self, address: str, *, namespace: str, service: str, pod: str, endpoint: str) -> None:
         """Scrape `address` with the labels a ServiceMonitor's target gets from the Prometheus Operator."""
@@ -139,6 +152,12 @@ class Prometheus(ManagedProcess, PromQL):
             "endpoint": endpoint,
         }
         self.targets.append({"targets": [address], "labels": labels})
+        self._write_targets()
+        wait_until(lambda: self._target_up(address), f"Prometheus to scrape {address}", timeout=60)
+
+    def add_static_target(self, address: str, job: str) -> None:
+        """Scrape `address` as `job`, keeping the labels its series carry (honor_labels)."""
+        self.static_targets.append({"targets": [address], "labels": {"__job": job}})
         self._write_targets()
         wait_until(lambda: self._target_up(address), f"Prometheus to scrape {address}", timeout=60)
 
@@ -222,13 +241,15 @@ SHARED_PREFIX = (
 @dataclass
 class Record:
     """One request of a Load: when it started, got its first token and ended (monotonic seconds), where it
-    went, and its failure (None: HTTP 200 and the whole stream read)."""
+    went, its failure (None: HTTP 200 and the whole stream read) and the tokens it generated (the stream's
+    usage, None when the stream did not report it)."""
 
     started: float
     first_token: float | None
     ended: float
     endpoint: str
     failure: str | None
+    tokens: int | None = None
 
 
 class Load:
@@ -257,11 +278,34 @@ class Load:
         self.threads: list[threading.Thread] = []
         self.records: list[Record] = []
         self.in_flight = 0  # requests open right now
+        self.open_since: dict[int, float] = {}  # client -> when its open request started
         self._lock = threading.Lock()
 
     @property
     def completed(self) -> int:
         return sum(1 for r in self.records if r.failure is None)
+
+    def oldest_open(self) -> float:
+        """When the oldest request still open started (monotonic; infinity when none is open)."""
+        with self._lock:
+            return min(self.open_since.values(), default=float("inf"))
+
+    def tokens_between(self, start: float, end: float) -> float:
+        """Tokens generated between the monotonic times `start` and `end`, from each finished request's own
+        count, spread evenly from its first token to its end (a request overlapping an edge counts in part).
+        Requests still open at `end` are not counted: call it once they have finished."""
+        total = 0.0
+        with self._lock:
+            records = list(self.records)
+        for r in records:
+            if r.failure is not None or r.tokens is None or r.first_token is None:
+                continue
+            if r.ended <= r.first_token:
+                total += r.tokens if start <= r.ended <= end else 0
+                continue
+            overlap = min(end, r.ended) - max(start, r.first_token)
+            total += r.tokens * max(0.0, overlap) / (r.ended - r.first_token)
+        return total
 
     @property
     def failures(self) -> list[str]:
@@ -276,18 +320,21 @@ class Load:
             ],
             "max_tokens": self.max_tokens,
             "stream": True,
+            "stream_options": {"include_usage": True},  # a last chunk with the generated token count
         }
         endpoint = self.pick()
-        started, first = time.monotonic(), None
+        started, first, tokens = time.monotonic(), None, None
         try:
             with http.stream("POST", f"{endpoint}/v1/chat/completions", json=body) as response:
                 for line in response.iter_lines():
                     if first is None and line.startswith("data: {"):
                         first = time.monotonic()
+                    if line.startswith("data: {") and '"completion_tokens"' in line:
+                        tokens = int(json.loads(line.removeprefix("data: "))["usage"]["completion_tokens"])
                 failure = None if response.status_code == 200 else f"HTTP {response.status_code}"
         except httpx.HTTPError as exc:
             failure = repr(exc)
-        return Record(started, first, time.monotonic(), endpoint, failure)
+        return Record(started, first, time.monotonic(), endpoint, failure, tokens)
 
     def _client(self, index: int) -> None:
         end = time.monotonic() + self.max_seconds
@@ -298,10 +345,12 @@ class Load:
                     if len(self.records) >= self.max_requests:
                         return
                     self.in_flight += 1
+                    self.open_since[index] = time.monotonic()
                 n += 1
                 record = self._request(http, index, n)
                 with self._lock:
                     self.in_flight -= 1
+                    del self.open_since[index]
                     self.records.append(record)
                 self.stop_event.wait(self.pause)
 

@@ -12,9 +12,7 @@ from typing import Any
 from e2e.cluster import Cluster
 from e2e.podnet import REAL_SUBNETS
 from e2e.processes import wait_until
-
-OWNER_LABEL = "pagoda.dev/inferenceservice"
-HTTP_PORT = 8000
+from pagoda.operator.resources.meta import HTTP_PORT, OWNER_LABEL
 
 
 def get_json(cluster: Cluster, *args: str) -> Any:

@@ -2,9 +2,13 @@
 real operator reconciling InferenceServices on the local control plane; each panel's query (with the
 dashboard's variables resolved through Prometheus, as Grafana does) must succeed and return data.
 
-The chart's alert rules are loaded into the same Prometheus and must evaluate without errors.
-The only panels that cannot get data here are the kube-state-metrics ones (no kube-state-metrics on the
-local control plane): their queries are run too and must be accepted by Prometheus, and are named as such.
+The chart's alert and recording rules are loaded into the same Prometheus and must evaluate without errors.
+Cost: kube-state-metrics runs with the chart's custom-resource-state config against the control plane, where
+an InferenceService `ml/tiny` (the runtime's labels) has a known spec.cost; the cost panels must match the
+arithmetic on the token rate the load generator itself measured, within 5%.
+The only panels that cannot get data here are the kube-state-metrics Deployment ones (no Deployment backs
+the runtime here): their queries are run too and must be accepted by Prometheus, and are named as such;
+e2e/test_autoscaling.py checks them on real pods.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.addons import start_kube_state_metrics
 from e2e.cluster import Cluster, default_bin_dir
 from e2e.fixtures import tiny_sample
 from e2e.observability import (
@@ -40,6 +45,12 @@ from e2e.processes import VENV_BIN, OperatorProcess, wait_until
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[1]
+# The cost rules' token-rate window (chart value prometheusRule.costRateWindow, 5m by default): one minute,
+# so that the load has filled a whole window a minute after it started.
+COST_WINDOW_SECONDS = 60
+# spec.cost of the InferenceService that the runtime's series belong to (namespace ml, service tiny).
+GPU_HOUR_PRICE, API_PRICE, GPUS = 2.5, 0.6, 2
+REPLICAS = 1  # the one runtime process, scraped as pod tiny-7d9f-abcde
 
 
 def chart_rules(workdir: Path) -> Path:
@@ -56,6 +67,8 @@ def chart_rules(workdir: Path) -> Path:
             "1.36.3",
             "--set",
             "prometheusRule.enabled=true",
+            "--set",
+            f"prometheusRule.costRateWindow={COST_WINDOW_SECONDS}s",
             "-s",
             "templates/prometheusrule.yaml",
         ],
@@ -113,6 +126,35 @@ def loaded_runtime(prometheus: Prometheus, workdir: Path) -> Iterator[Load]:
         if load is not None:
             load.stop()
         runtime.stop()
+
+
+@pytest.fixture(scope="module")
+def priced_service(prometheus: Prometheus, cluster: Cluster, workdir: Path) -> Iterator[dict[str, Any]]:
+    """InferenceService ml/tiny (the name and namespace the runtime's series carry) with a known spec.cost,
+    and kube-state-metrics, with the chart's custom-resource-state config, scraped by the same Prometheus."""
+    crd = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
+    )
+    cluster.kubectl("create", "namespace", RUNTIME_LABELS["namespace"], check=False)
+    service = tiny_sample(RUNTIME_LABELS["namespace"], RUNTIME_LABELS["service"])
+    service["spec"]["resources"]["gpu"]["count"] = GPUS
+    service["spec"]["cost"] = {"gpuHourPrice": GPU_HOUR_PRICE, "apiPricePerMillionTokens": API_PRICE}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service))
+    ksm = start_kube_state_metrics(cluster, log_dir=workdir / "kube-state-metrics")
+    try:
+        prometheus.add_static_target(ksm.metrics_url.removeprefix("http://").removesuffix("/metrics"), "ksm")
+        wait_until(
+            lambda: prometheus.query('pagoda:cost_per_million_tokens{namespace="ml", service="tiny"}'),
+            "the price from kube-state-metrics and the cost rules in Prometheus",
+            timeout=120,
+            interval=1,
+        )
+        yield service
+    finally:
+        ksm.stop()
+        cluster.kubectl("delete", "-f", "-", input=yaml.safe_dump(service), check=False)
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +224,7 @@ def value(result: list[dict[str, Any]]) -> float:
 
 
 def test_inferenceservice_dashboard_panels_have_data_under_load(
-    prometheus: Prometheus, loaded_runtime: Load
+    prometheus: Prometheus, loaded_runtime: Load, priced_service: dict[str, Any]
 ) -> None:
     board = dashboard("inferenceservice")
     assert resolve_variables(prometheus, board) == {"namespace": "ml", "service": "tiny"}
@@ -197,6 +239,9 @@ def test_inferenceservice_dashboard_panels_have_data_under_load(
         ("KV-cache usage", "{{pod}}"),
         ("Ready replicas", "ready"),
         ("Replicas: desired vs ready", "scraped pods"),
+        ("Cost per 1M generated tokens", "serving ({{currency}})"),
+        ("Cost per 1M generated tokens", "API ({{currency}})"),
+        ("Break-even utilization", "of break-even"),
     ]:
         assert value(results[key]) > 0, f"{key} is 0 under load"
     assert loaded_runtime.completed > 0 and not loaded_runtime.failures, loaded_runtime.failures[:5]
@@ -241,3 +286,71 @@ def test_chart_alert_rules_evaluate_on_real_data(prometheus: Prometheus, loaded_
     # A healthy, ready runtime under light load fires none of the runtime alerts' conditions.
     firing = {a["labels"]["alertname"] for a in prometheus.api("alerts")["alerts"]}
     assert not firing & {"PagodaNoReadyReplicas", "PagodaKVCacheNearlyFull"}
+
+
+def test_cost_panels_match_the_arithmetic_on_the_measured_token_rate(
+    prometheus: Prometheus, loaded_runtime: Load, priced_service: dict[str, Any]
+) -> None:
+    """The cost panels' values at one instant against the arithmetic on the same window of the load: the
+    price and GPU count from spec.cost (through kube-state-metrics), one replica (the one runtime), and the
+    generated tokens per second counted by the load generator from each response's usage."""
+    load = loaded_runtime
+    began = min(r.started for r in load.records)
+    wait_until(
+        lambda: time.monotonic() - began > COST_WINDOW_SECONDS + 10,
+        "a whole cost window under load",
+        timeout=COST_WINDOW_SECONDS + 30,
+    )
+    offset = time.time() - time.monotonic()  # monotonic -> Unix time, for Prometheus
+    at = time.monotonic() - 2  # an instant the rules have surely been evaluated at
+    panels = {
+        (title, legend): expr
+        for title, legend, expr in panel_queries(
+            dashboard("inferenceservice"), {"namespace": "ml", "service": "tiny"}
+        )
+    }
+
+    def panel(title: str, legend: str) -> float:
+        [result] = prometheus.query(panels[(title, legend)], at=at + offset)
+        return float(result["value"][1])
+
+    cost_per_million = panel("Cost per 1M generated tokens", "serving ({{currency}})")
+    api = panel("Cost per 1M generated tokens", "API ({{currency}})")
+    utilization = panel("Break-even utilization", "of break-even")
+    generated = panel("Throughput vs break-even", "generated tokens/s")
+    break_even = panel("Throughput vs break-even", "break-even tokens/s")
+    # The rules' last evaluation before `at` (1 s interval): their token-rate window ends there.
+    [evaluated] = prometheus.query(
+        'timestamp(pagoda:cost_per_million_tokens{namespace="ml", service="tiny"})', at=at + offset
+    )
+    end = float(evaluated["value"][1]) - offset
+    wait_until(
+        lambda: load.oldest_open() > end, "the requests open at the window's end to finish", timeout=60
+    )
+    tokens_per_second = load.tokens_between(end - COST_WINDOW_SECONDS, end) / COST_WINDOW_SECONDS
+    cost_per_second = GPU_HOUR_PRICE * GPUS * REPLICAS / 3600
+    expected = {
+        "generated tokens/s": tokens_per_second,
+        "cost per 1M tokens": cost_per_second / tokens_per_second * 1e6,
+        "break-even tokens/s": cost_per_second / API_PRICE * 1e6,
+        "break-even utilization": tokens_per_second / (cost_per_second / API_PRICE * 1e6),
+    }
+    got = {
+        "generated tokens/s": generated,
+        "cost per 1M tokens": cost_per_million,
+        "break-even tokens/s": break_even,
+        "break-even utilization": utilization,
+    }
+    print(f"\nMeasured {tokens_per_second:.2f} generated tokens/s over {COST_WINDOW_SECONDS}s")
+    print(f"Arithmetic {expected}\nPanels     {got}")
+    assert api == API_PRICE
+    for name, value in expected.items():
+        assert abs(got[name] / value - 1) < 0.05, f"{name}: panel {got[name]:.4f}, arithmetic {value:.4f}"
+    # 2.5 per GPU hour x 2 GPUs on a tiny CPU model: far dearer than the API, so the alert is on its way.
+    alerts = prometheus.api("alerts")["alerts"]
+    assert any(
+        a["labels"]["alertname"] == "PagodaServingCostsMoreThanApi"
+        and (a["labels"]["namespace"], a["labels"]["service"]) == ("ml", "tiny")
+        and a["state"] == "pending"
+        for a in alerts
+    ), alerts

@@ -18,11 +18,11 @@ from pagoda.operator.api import GROUP, PLURAL, VERSION
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.pods import POD_KIND
 from pagoda.operator.reconcile.workqueue import WorkQueue
-from pagoda.operator.resources import CHILD_KINDS
+from pagoda.operator.resources import CHILD_KINDS, meta
+from pagoda.operator.resources.meta import OWNER_LABEL
 
-MANAGED_BY = {"app.kubernetes.io/managed-by": "pagoda-operator"}
+MANAGED_BY = {"app.kubernetes.io/managed-by": meta.MANAGED_BY}
 MANAGED_BY_SELECTOR = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
-OWNER_LABEL = "pagoda.dev/inferenceservice"
 # Every kind watched for its owner's sake: the children and the pods of their ReplicaSets.
 WATCHED_KINDS: list[tuple[str, str, str]] = [*CHILD_KINDS, POD_KIND]
 

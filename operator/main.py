@@ -76,8 +76,9 @@ def api_client(kubeconfig: str | None, pool_size: int) -> client.ApiClient:
 
 
 def refresh(kube: Kube, cache: ObjectCache, namespace: str | None) -> list[dict[str, object]]:
-    """List InferenceServices, every child kind and the pods into the cache (one call per kind); returns
-    the owners."""
+    """List InferenceServices, every child kind and the pods into the cache (one call per kind), and forget
+    which Secrets were seen; returns the owners."""
+    cache.forget_secrets()
     for api_version, kind, plural in WATCHED_KINDS:
         try:
             cache.replace(api_version, kind, kube.list(api_version, plural, namespace, MANAGED_BY_SELECTOR))

@@ -11,11 +11,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from pagoda.runtime import vllmflags
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri
 
-# Flags Pagoda owns: they may not be passed again after `--` to vLLM's own parser.
 BLOCK_SIZES = (8, 16, 32, 64, 128)
-OWNED_VLLM_FLAGS = ("--model", "--host", "--port", "--served-model-name", "--uds", "--api-key")
 
 
 class ConfigError(ValueError):
@@ -65,10 +64,10 @@ class ServeConfig(BaseModel):
     @field_validator("extra_args")
     @classmethod
     def _no_owned_flags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Flags the runtime sets itself may not be passed again after `--`, in any spelling."""
         for arg in value:
-            name = arg.split("=", 1)[0]
-            if name in OWNED_VLLM_FLAGS:
-                raise ValueError(f"{name} is set by pagoda-runtime itself; use its own flag instead")
+            if owned := vllmflags.owned(arg):
+                raise ValueError(f"{owned} is set by pagoda-runtime itself; use its own flag instead")
         return value
 
     @property

@@ -2,8 +2,10 @@
 
 vLLM's public pieces do the work: its own argument parser (`make_arg_parser`), `AsyncEngineArgs`,
 `AsyncLLM.from_vllm_config` (what `build_async_engine_client_from_engine_args` calls), `build_app` and
-`init_app_state`. The one difference from `vllm serve`: the blocking engine construction runs in a
-daemon thread, so the HTTP server (and /livez) answers while the model loads.
+`init_app_state`. The differences from `vllm serve`: the blocking engine construction runs in a daemon
+thread, so the HTTP server (and /livez) answers while the model loads; and that server is the runtime's own,
+so the options of vLLM's server that it does not apply (TLS, uvicorn's logs and limits, several API
+servers) are refused at start (vllmflags.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
+from pagoda.runtime import vllmflags
 from pagoda.runtime.config import ServeConfig
 
 log = logging.getLogger("pagoda.runtime.engine")
@@ -38,6 +41,14 @@ def apply_env_defaults() -> None:
         gib = cpu_kv_cache_default_gib(psutil.virtual_memory().total)
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         log.info("Set CPU KV-cache size default VLLM_CPU_KVCACHE_SPACE=%d", gib)
+
+
+def cpu_kv_cache_space() -> str | None:
+    """VLLM_CPU_KVCACHE_SPACE (GiB) when the engine runs on vLLM's CPU backend, which sizes its KV cache from
+    it; None on GPUs."""
+    from vllm.platforms import current_platform
+
+    return os.environ.get("VLLM_CPU_KVCACHE_SPACE") if current_platform.is_cpu() else None
 
 
 def vllm_argv(config: ServeConfig, model_path: str) -> list[str]:
@@ -68,17 +79,32 @@ def vllm_argv(config: ServeConfig, model_path: str) -> list[str]:
 
 
 def parse_vllm_args(config: ServeConfig, model_path: str) -> argparse.Namespace:
-    """Parse with vLLM's own parser; a bad extra argument exits 2 with vLLM's message."""
+    """Parse with vLLM's own parser; a bad extra argument exits 2 with vLLM's message, a flag the runtime
+    does not honour raises ValueError naming it (vllmflags.REFUSED_FLAGS). Abbreviated flags are not
+    accepted: `--served-model` would get past the owned-flag checks."""
     from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     prog = "pagoda-runtime serve -- (vLLM engine arguments)"
-    parser = make_arg_parser(FlexibleArgumentParser(prog=prog))  # type: ignore[no-untyped-call,unused-ignore]
-    args: argparse.Namespace = parser.parse_args(vllm_argv(config, model_path))
+    base = FlexibleArgumentParser(prog=prog, allow_abbrev=False)  # type: ignore[no-untyped-call,unused-ignore]
+    parser = make_arg_parser(base)  # type: ignore[no-untyped-call,unused-ignore]
+    args = vllmflags.parse_refusing(parser, vllm_argv(config, model_path))
     if api_key := os.environ.get("PAGODA_API_KEY"):
         args.api_key = [api_key]
     validate_parsed_serve_args(args)
+    import_parser_plugins(args)
     return args
+
+
+def import_parser_plugins(args: argparse.Namespace) -> None:
+    """--tool-parser-plugin and --reasoning-parser-plugin, imported as vLLM's API server does at start."""
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    if args.tool_parser_plugin:
+        ToolParserManager.import_tool_parser(args.tool_parser_plugin)
+    if args.reasoning_parser_plugin:
+        ReasoningParserManager.import_reasoning_parser(args.reasoning_parser_plugin)
 
 
 def run_in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
@@ -105,10 +131,12 @@ def run_in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
 def create_engine(args: argparse.Namespace) -> Any:
     """Blocking: builds the engine config and starts EngineCore (what vLLM's build function does)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
     from vllm.usage.usage_lib import UsageContext
     from vllm.v1.engine.async_llm import AsyncLLM
 
     engine_args = AsyncEngineArgs.from_cli_args(args)
+    propagate_flash_late_interaction(args, engine_args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
     return AsyncLLM.from_vllm_config(
         vllm_config=vllm_config,

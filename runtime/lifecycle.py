@@ -17,8 +17,8 @@ from typing import Any
 import psutil  # type: ignore[import-untyped,unused-ignore]
 import uvicorn
 
+from pagoda.runtime import capacity, enginefailure, sources, termination
 from pagoda.runtime import engine as eng
-from pagoda.runtime import enginefailure, sources, termination
 from pagoda.runtime.config import ServeConfig
 from pagoda.runtime.server import PagodaApp, RuntimeState
 
@@ -160,16 +160,20 @@ class Runtime:
             if isinstance(exc, sources.ModelSourceError):
                 fatal = termination.model_source(exc.reason, str(exc))
             else:
-                fatal = termination.engine_start(exc, enginefailure.read_report(report), config.max_model_len)
+                root = enginefailure.read_report(report)
+                fatal = termination.engine_start(exc, root, config.max_model_len, eng.cpu_kv_cache_space())
             termination.write(fatal)
             self.request_stop("model load failed", exit_code=1)
             return
         self.state.status.model_load_seconds = time.monotonic() - self.started
+        kv = self.state.status.kv_cache = capacity.from_vllm_config(self.state.engine.vllm_config)
         log.info(
-            "Loaded model uri=%s name=%s seconds=%.1f",
+            "Loaded model uri=%s name=%s seconds=%.1f kv_cache_tokens=%s max_concurrency=%s",
             config.model,
             config.name,
             self.state.status.model_load_seconds,
+            kv.tokens if kv else "unknown",
+            f"{kv.max_concurrency:.2f}" if kv else "unknown",
         )
         watchdog = asyncio.create_task(self._watch_engine())
         await self.stop.wait()

@@ -2,7 +2,8 @@
 
 vLLM renames metrics between releases (gpu_cache_usage_perc became kv_cache_usage_perc); the names
 below are Pagoda's contract with the operator's KEDA trigger and with dashboards, so each one is mapped
-from whichever vLLM name the installed engine exposes.
+from whichever vLLM name the installed engine exposes. The KV cache's capacity comes from the engine's config
+(capacity.py), read once when the engine is loaded.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from pagoda.runtime.capacity import KvCacheCapacity
 
 WAITING = ("vllm:num_requests_waiting",)
 RUNNING = ("vllm:num_requests_running",)
@@ -34,6 +37,7 @@ class ServerStatus:
     draining: bool = False
     model_load_seconds: float = 0.0
     rejected_draining: int = 0
+    kv_cache: KvCacheCapacity | None = None  # once the engine is loaded
 
 
 def _values(families: Iterable[Metric], names: Sequence[str], model_name: str) -> list[float]:
@@ -74,6 +78,7 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
         "pagoda_requests_rejected_draining", "Requests answered 503 while draining.", labels=labels
     )
     rejected.add_metric(value, status.rejected_draining)
+    kv = status.kv_cache
     return [
         gauge("pagoda_queue_depth", "Requests waiting in the engine's queue.", gauges.waiting),
         gauge("pagoda_running_requests", "Requests the engine is running.", gauges.running),
@@ -81,6 +86,16 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
         gauge("pagoda_ready", "1 when the model is loaded and the pod is not draining.", float(status.ready)),
         gauge("pagoda_draining", "1 after SIGTERM, while requests drain.", float(status.draining)),
         gauge("pagoda_model_load_seconds", "Seconds from start to engine ready.", status.model_load_seconds),
+        gauge(
+            "pagoda_kv_cache_capacity_tokens",
+            "Tokens the KV cache holds (0 until the engine is loaded).",
+            float(kv.tokens) if kv else 0.0,
+        ),
+        gauge(
+            "pagoda_kv_cache_max_concurrency",
+            "Requests of max_model_len tokens the KV cache holds at once (0 until the engine is loaded).",
+            kv.max_concurrency if kv else 0.0,
+        ),
         rejected,
     ]
 

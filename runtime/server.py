@@ -1,4 +1,4 @@
-"""The outer ASGI app: Pagoda's probes and metrics, and a gate in front of vLLM's own app.
+"""The outer ASGI app: Pagoda's probes, metrics and capacity, and a gate in front of vLLM's own app.
 
 The HTTP server starts before the engine. Until the engine is ready every other path answers 503 with
 Retry-After; after that requests go to vLLM's FastAPI app (its OpenAI routes, unchanged). While draining,
@@ -12,7 +12,7 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pagoda.runtime import metrics
+from pagoda.runtime import capacity, metrics
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -78,6 +78,9 @@ class PagodaApp:
             if path == "/metrics":
                 await self._metrics(send)
                 return
+            if path == capacity.PATH:
+                await self._capacity(send)
+                return
         await self._forward(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -115,6 +118,17 @@ class PagodaApp:
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+    async def _capacity(self, send: Send) -> None:
+        """The KV cache's capacity as JSON: 503 until the engine is loaded, then fixed for the pod's life."""
+        kv = self.state.status.kv_cache
+        if kv is None:
+            body = openai_error(
+                "The model is loading; its KV-cache capacity is not known yet.", 503, "ServiceUnavailable"
+            )
+            await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
+            return
+        await _send_json(send, 200, kv.as_json(), [])
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state

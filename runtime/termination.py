@@ -37,7 +37,6 @@ _LONGER_THAN_MODEL = re.compile(
     r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived max_model_len "
     r"\((?P<key>\w+)=(?P<limit>[\d.]+)"
 )
-_GROW_CACHE = "raise spec.engine.gpuMemoryUtilization or add GPUs (spec.engine.tensorParallelSize)"
 
 
 @dataclass(frozen=True)
@@ -98,13 +97,19 @@ def bind_failed(host: str, port: int, error: str) -> Fatal:
     return Fatal("BindFailed", f"could not listen on {host}:{port} ({error}); another process holds the port")
 
 
-def engine_start(error: BaseException, root: EngineFailure | None, max_model_len: int | None) -> Fatal:
+def engine_start(
+    error: BaseException,
+    root: EngineFailure | None,
+    max_model_len: int | None,
+    cpu_kv_space: str | None = None,
+) -> Fatal:
     """The engine did not start: `root` is what its own process reported (enginefailure.py), `error` what
-    the runtime saw. The first that says something specific wins; else a generic EngineStartFailed."""
+    the runtime saw. The first that says something specific wins; else a generic EngineStartFailed.
+    `cpu_kv_space`: VLLM_CPU_KVCACHE_SPACE on vLLM's CPU backend (what sizes its KV cache there)."""
     seen = [root] if root is not None else []
     seen.append(EngineFailure(type(error).__name__, str(error)))
     for failure in seen:
-        fatal = _specific(failure, max_model_len)
+        fatal = _specific(failure, max_model_len, cpu_kv_space)
         if fatal is not None:
             return fatal
     first = seen[0]
@@ -115,21 +120,30 @@ def engine_start(error: BaseException, root: EngineFailure | None, max_model_len
     )
 
 
-def _specific(failure: EngineFailure, max_model_len: int | None) -> Fatal | None:
+def _grow_cache(cpu_kv_space: str | None) -> str:
+    """The knobs that give the KV cache more memory."""
+    knobs = "raise spec.engine.gpuMemoryUtilization, or add GPUs with spec.engine.tensorParallelSize"
+    if cpu_kv_space is not None:
+        knobs += f" (on CPU: raise VLLM_CPU_KVCACHE_SPACE in spec.runtime.env, now {cpu_kv_space} GiB)"
+    return knobs
+
+
+def _specific(failure: EngineFailure, max_model_len: int | None, cpu_kv_space: str | None) -> Fatal | None:
     text = failure.message
+    grow = _grow_cache(cpu_kv_space)
     if match := _KV_TOO_SMALL.search(text):
-        return _kv_too_small(match, _KV_ESTIMATE.search(text), max_model_len)
+        return _kv_too_small(match, _KV_ESTIMATE.search(text), max_model_len, grow)
     if _NO_KV_MEMORY in text:
         return Fatal(
             "ModelDoesNotFit",
-            "the model's weights leave no memory for the KV cache; "
-            f"{_GROW_CACHE}, or serve a quantized model (spec.engine.quantization)",
+            f"the model's weights leave no memory for the KV cache; {grow}, "
+            "or serve a quantized model (spec.engine.quantization)",
         )
     if failure.type == "OutOfMemoryError" or "CUDA out of memory" in text:
         return Fatal(
             "ModelDoesNotFit",
-            f"the GPU ran out of memory while loading the model ({_quote(text)}); "
-            f"{_GROW_CACHE}, or serve a quantized model (spec.engine.quantization)",
+            f"the GPU ran out of memory while loading the model ({_quote(text)}); {grow}, "
+            "or serve a quantized model (spec.engine.quantization)",
         )
     if failure.type == "SafetensorError":
         return Fatal(
@@ -147,20 +161,26 @@ def _specific(failure: EngineFailure, max_model_len: int | None) -> Fatal | None
     return None
 
 
-def _kv_too_small(match: re.Match[str], estimate: re.Match[str] | None, max_model_len: int | None) -> Fatal:
+def _kv_too_small(
+    match: re.Match[str], estimate: re.Match[str] | None, max_model_len: int | None, grow: str
+) -> Fatal:
+    """`spec.engine.maxModelLen=X needs Y GiB of KV cache but Z GiB is available; lower
+    spec.engine.maxModelLen to at most N, or ...`, with vLLM's numbers (N: its estimate of the longest
+    request that fits)."""
     length = int(match["len"])
-    which = f"maxModelLen {length}" if max_model_len is not None else f"the model's context length {length}"
+    if max_model_len is not None:
+        which, lower = f"spec.engine.maxModelLen={length}", "lower spec.engine.maxModelLen"
+    else:
+        which = f"the model's context length {length} (spec.engine.maxModelLen unset)"
+        lower = "set spec.engine.maxModelLen"
     fit = int(estimate["fit"]) if estimate else 0
     need, have = match["need"], match["have"]  # vLLM's GiB, rounded to 0.01: 0.0 says nothing
-    sizes = f" ({need} GiB needed, {have} GiB available)" if float(need) > 0 and float(have) > 0 else ""
+    if float(need) > 0 and float(have) > 0:
+        what = f"{which} needs {need} GiB of KV cache but {have} GiB is available"
+    elif fit > 0:
+        what = f"{which} needs KV cache for {length} tokens but only {fit} fit"
+    else:
+        what = f"{which} needs KV cache for {length} tokens but not even one block fits"
     if fit > 0:
-        return Fatal(
-            "ModelDoesNotFit",
-            f"{which} needs KV-cache space for {length} tokens but the cache holds {fit} tokens{sizes}; "
-            f"lower spec.engine.maxModelLen to at most {fit}, {_GROW_CACHE}",
-        )
-    return Fatal(
-        "ModelDoesNotFit",
-        f"{which} needs KV-cache space for {length} tokens but the cache holds less than one block{sizes}; "
-        f"{_GROW_CACHE}",
-    )
+        return Fatal("ModelDoesNotFit", f"{what}; {lower} to at most {fit}, or {grow}")
+    return Fatal("ModelDoesNotFit", f"{what}; {grow}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .cost import CostSpec
 from .engine import EngineSpec
 from .errors import describe, error_messages, field_path
 from .model import ModelCache, ModelSource
@@ -49,6 +50,7 @@ __all__ = [
     "field_path",
     "AutoscalingSpec",
     "Condition",
+    "CostSpec",
     "DisruptionSpec",
     "EngineSpec",
     "EnvVar",

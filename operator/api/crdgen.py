@@ -34,6 +34,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "GPUs per replica.",
     },
     {"name": "Ready", "type": "string", "jsonPath": ".status.readySummary", "description": "Ready/replicas."},
+    {
+        "name": "Reason",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+        "description": "Why the service is or is not ready (while replicas are missing, what blocks them, "
+        "e.g. InsufficientGPU).",
+    },
     {"name": "URL", "type": "string", "jsonPath": ".status.url", "description": "In-cluster OpenAI API URL."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
@@ -44,11 +51,11 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "The Ready condition.",
     },
     {
-        "name": "Reason",
+        "name": "Degraded",
         "type": "string",
         "priority": 1,
-        "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
-        "description": "Why the service is or is not ready.",
+        "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason',
+        "description": "The Degraded condition's reason (Reconciled when nothing is wrong).",
     },
 ]
 

@@ -8,22 +8,23 @@ from __future__ import annotations
 
 from pydantic import JsonValue
 
+from pagoda.runtime.vllmflags import OWNED_FLAGS, owned_flag_pattern
+
 JsonDict = dict[str, JsonValue]
 
 _HF = r"hf://[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?/?"
 _S3 = r"s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9]/.*[^/].*"
 _PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?"
 URI_PATTERN = rf"^({_HF}|{_S3}|{_PVC}|file:///.*)$"
-# Flags the runtime sets itself; vLLM must not get them again through extraArgs.
-OWNED_FLAGS = ("model", "host", "port", "served-model-name", "uds", "api-key")
-OWNED_FLAG_PATTERN = rf"^--({'|'.join(OWNED_FLAGS)})(=.*)?$"
+# Flags the runtime sets itself, in any spelling vLLM accepts: vLLM must not get them again in extraArgs.
+OWNED_FLAG_PATTERN = owned_flag_pattern()
 
 MSG_URI = "spec.model.uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path"
 MSG_CACHE = "spec.model.cache: set either pvc or size, not both"
 MSG_CACHE_STORAGE_CLASS = "spec.model.cache.storageClass requires spec.model.cache.size"
 MSG_EXTRA_ARGS = (
-    "spec.engine.extraArgs must not repeat flags the runtime sets itself (--model, --host, --port, "
-    "--served-model-name, --uds, --api-key): use the spec fields"
+    f"spec.engine.extraArgs must not repeat flags the runtime sets itself ({', '.join(OWNED_FLAGS)}): "
+    "use the spec fields"
 )
 SECRET_ENV_NAMES = (
     "HF_TOKEN",

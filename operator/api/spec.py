@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field, model_validator
 
 from .base import ApiModel
+from .cost import CostSpec
 from .engine import EngineSpec
 from .model import ModelSource
 from .rules import MSG_AUTOSCALING_METRICS, MSG_REPLICAS_XOR, MSG_TENSOR_PARALLEL, SPEC_RULES, validations
@@ -47,6 +48,11 @@ class InferenceServiceSpec(ApiModel):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="The runtime container.")
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="The Service.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Metrics collection.")
+    cost: CostSpec | None = Field(
+        default=None,
+        description="Optional prices: cost per 1M generated tokens and break-even against an API "
+        "(dashboard panels and an alert; needs kube-state-metrics, see docs/observability.md).",
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> InferenceServiceSpec:

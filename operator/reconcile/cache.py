@@ -4,6 +4,9 @@ Fed by the watch events kopf delivers (before the owner's key is queued) and by 
 writes; primed with one list per kind before the workers start, and refreshed by every periodic resync.
 Like controller-runtime's cache: a stale entry costs at most a redundant pass or a no-op write, never a
 wrong result, because every change also produces an event that queues the owner again.
+
+Secrets are not watched (that would mean reading every Secret in the cluster): the cache only remembers
+which referenced Secrets a pass has seen exist, until the next resync forgets them.
 """
 
 from __future__ import annotations
@@ -11,10 +14,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from pagoda.operator.resources.meta import OWNER_LABEL
+
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name)
 ChildKey = tuple[str, str]  # (kind, name)
-OWNER_LABEL = "pagoda.dev/inferenceservice"
 
 
 def _version(obj: Obj) -> int | None:
@@ -40,10 +44,22 @@ def _pick(listed: Obj, cached: Obj | None) -> Obj:
 
 
 def _slim_pod(pod: Obj) -> Obj:
-    """What the status needs of a Pod (its name, labels and status): pods are many, their specs large."""
+    """What the status needs of a Pod (its name, labels, status, and of its spec the startup probes and the
+    grace period, for the startup budget): pods are many, their specs large."""
     meta = pod.get("metadata") or {}
     keep = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp", "ownerReferences")
-    return {"metadata": {k: meta[k] for k in keep if k in meta}, "status": pod.get("status") or {}}
+    spec = pod.get("spec") or {}
+    slim = {"metadata": {k: meta[k] for k in keep if k in meta}, "status": pod.get("status") or {}}
+    probes = [
+        {"name": c.get("name"), "startupProbe": c["startupProbe"]}
+        for c in spec.get("containers") or []
+        if c.get("startupProbe")
+    ]
+    if probes:
+        slim["spec"] = {"containers": probes}
+        if "terminationGracePeriodSeconds" in spec:
+            slim["spec"]["terminationGracePeriodSeconds"] = spec["terminationGracePeriodSeconds"]
+    return slim
 
 
 class ObjectCache:
@@ -52,6 +68,7 @@ class ObjectCache:
         self._lock = threading.Lock()
         self._owners: dict[Key, Obj] = {}
         self._children: dict[Key, dict[ChildKey, Obj]] = {}
+        self._secrets: set[Key] = set()  # Secrets seen to exist
 
     def observe(
         self, obj: Obj, *, api_version: str | None = None, kind: str | None = None, deleted: bool = False
@@ -139,3 +156,16 @@ class ObjectCache:
     def owners(self) -> list[Key]:
         with self._lock:
             return list(self._owners)
+
+    def saw_secret(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._secrets.add((namespace, name))
+
+    def secret_seen(self, namespace: str, name: str) -> bool:
+        with self._lock:
+            return (namespace, name) in self._secrets
+
+    def forget_secrets(self) -> None:
+        """Called at each resync: every Secret is looked up again once."""
+        with self._lock:
+            self._secrets.clear()

@@ -15,14 +15,13 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from pagoda.operator.resources.meta import FIELD_MANAGER
+
 # Keys by which server-side apply merges lists of objects in the kinds Pagoda builds.
 MERGE_KEYS = ("name", "containerPort", "port", "mountPath", "devicePath", "uid")
 # Parents whose scalar children are resource quantities.
 QUANTITY_PARENTS = frozenset({"limits", "requests", "capacity", "hard"})
 QUANTITY_KEYS = frozenset({"sizeLimit", "storage"})
-
-
-FIELD_MANAGER = "pagoda-operator"
 
 
 def matches(desired: Any, live: Any) -> bool:

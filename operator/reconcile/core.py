@@ -1,10 +1,15 @@
 """One level-based reconcile pass of one InferenceService.
 
-validate spec -> build desired children -> server-side apply the ones that differ (with owner references)
--> delete children no longer wanted -> read state back (children and pods) -> compute status -> write it if
-it changed. Nothing here depends on memory from earlier passes: with the operator's watch-fed cache the pass
-reads nothing from the API server; without one it gets the owner, lists each child kind and lists the pods
-once (by the owner label).
+read the owner -> build the desired children -> check the Secrets they reference -> server-side apply the
+children that differ (with owner references) -> delete children no longer wanted -> compute the status ->
+write it if it changed. Nothing here depends on memory from earlier passes but the cache's.
+
+What a pass reads from the API server: with the operator's watch-fed cache, the owner, its children and its
+pods come from the cache, and the only reads are metadata-only GETs of the Secrets the pod template
+references that the cache has not seen exist since the last resync (see `check_secrets`): none for a
+running service between resyncs. Without a cache (e.g. from a test) a pass gets the owner, lists each child
+kind, lists the pods once (by the owner label) and gets each referenced Secret's metadata. Writes happen only
+for a difference (compare.py).
 """
 
 from __future__ import annotations
@@ -25,7 +30,13 @@ from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.compare import matches
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.pods import POD_KIND
-from pagoda.operator.reconcile.problems import apply_problem, invalid_spec, missing_secrets
+from pagoda.operator.reconcile.problems import (
+    apply_problem,
+    invalid_spec,
+    missing_secrets,
+    secret_names,
+    secret_not_found,
+)
 from pagoda.operator.reconcile.status import Problem, compute_status, degraded_now, status_changed
 from pagoda.operator.resources import (
     CHILD_KINDS,
@@ -34,12 +45,14 @@ from pagoda.operator.resources import (
     selector_string,
     service_url,
 )
+from pagoda.operator.resources.meta import OWNER_LABEL
 
 log = logging.getLogger("pagoda.operator.reconcile")
-OWNER_LABEL = "pagoda.dev/inferenceservice"
 PLURALS = {kind: (api_version, plural) for api_version, kind, plural in CHILD_KINDS}
+RETRY_AFTER_S = 30.0
 
 Obj = dict[str, Any]
+ChildKey = tuple[str, str]  # (kind, name)
 
 
 @dataclass
@@ -48,6 +61,35 @@ class Outcome:
     requeue_after: float | None = None
     writes: int = 0
     problems: list[Problem] = field(default_factory=list)
+
+
+class OwnerGone(Exception):
+    """The InferenceService or its namespace went away during the pass: there is nothing left to do."""
+
+
+@dataclass
+class Pass:
+    """One pass over one InferenceService: its live children and pods, the problems met, the writes made."""
+
+    kube: Kube
+    cache: ObjectCache | None
+    owner: Obj
+    namespace: str
+    name: str
+    now: Callable[[], str]
+    live: dict[ChildKey, Obj]
+    pods: list[Obj]
+    problems: list[Problem]
+    writes: int = 0
+
+    def wrote(self, verb: str, kind: str, child: str) -> None:
+        """Count a write to a child, log it and record it as an Event on the owner."""
+        self.writes += 1
+        log.info("%s %s name=%s namespace=%s", verb, kind, child, self.namespace)
+        self.event("Normal", verb, f"{verb} {kind} {child}")
+
+    def event(self, type_: str, reason: str, message: str) -> None:
+        events.record(self.kube, self.owner, type_=type_, reason=reason, message=message, now=self.now())
 
 
 def rfc3339_now() -> str:
@@ -76,6 +118,10 @@ def controlled_by(obj: Obj, uid: str) -> bool:
     return any(ref.get("uid") == uid and ref.get("controller") for ref in refs)
 
 
+def child_key(manifest: Obj) -> ChildKey:
+    return manifest["kind"], manifest["metadata"]["name"]
+
+
 def reconcile(
     kube: Kube,
     namespace: str,
@@ -84,8 +130,7 @@ def reconcile(
     cache: ObjectCache | None = None,
     default_image: str = DEFAULT_RUNTIME_IMAGE,
 ) -> Outcome:
-    """One pass. With a `cache` (the operator's watch-fed view) it reads nothing from the API server;
-    without one it reads the owner and lists its children."""
+    """One pass, counted in the operator's metrics. What it reads: see the module's docstring."""
     started = time.monotonic()
     try:
         outcome = _reconcile(kube, namespace, name, now, cache, default_image)
@@ -113,97 +158,136 @@ def _reconcile(
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return Outcome("gone")
-    uid = owner["metadata"]["uid"]
-    problems: list[Problem] = []
-    writes = 0
-    desired: list[Obj] | None = None
+    desired, problems = desired_state(owner, namespace, name, default_image)
+    live, pods = read_children(kube, cache, namespace, name)
+    p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems)
+    try:
+        if desired is not None:
+            check_secrets(p, desired)
+            apply_children(p, desired)
+            prune_children(p, desired)
+        write_status(p, desired)
+    except OwnerGone:
+        return Outcome("gone", writes=p.writes)
+    return Outcome(
+        result="error" if p.problems else ("applied" if p.writes else "unchanged"),
+        requeue_after=RETRY_AFTER_S if any(problem.retry for problem in p.problems) else None,
+        writes=p.writes,
+        problems=p.problems,
+    )
+
+
+def desired_state(
+    owner: Obj, namespace: str, name: str, default_image: str
+) -> tuple[list[Obj] | None, list[Problem]]:
+    """The children the spec asks for, with owner references; None and the reason when there are none."""
     try:
         spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
-        desired = [with_owner(m, owner) for m in desired_children(name, namespace, spec, default_image)]
+        children = desired_children(name, namespace, spec, default_image)
     except ValidationError as exc:
-        problems.append(invalid_spec(exc))
+        return None, [invalid_spec(exc)]
     except (ValueError, TypeError, KeyError) as exc:  # a spec the builders cannot turn into objects
-        problems.append(Problem("BuildFailed", f"Could not build the child objects: {exc!r}", retry=False))
+        return None, [Problem("BuildFailed", f"Could not build the child objects: {exc!r}", retry=False)]
+    return [with_owner(manifest, owner) for manifest in children], []
 
+
+def read_children(
+    kube: Kube, cache: ObjectCache | None, namespace: str, name: str
+) -> tuple[dict[ChildKey, Obj], list[Obj]]:
+    """The owner's live children by (kind, name), and its pods."""
     if cache:
         live = cache.children(namespace, name)
         pods = [live.pop(key) for key in [k for k in live if k[0] == POD_KIND[1]]]
-    else:
-        live, pods = _list_children(kube, namespace, name), _list_pods(kube, namespace, name)
-    if desired is not None:
-        problems.extend(missing_secrets(kube, namespace, desired))
-        for manifest in desired:
-            key = (manifest["kind"], manifest["metadata"]["name"])
-            current = live.get(key)
-            if current is not None and matches(manifest, current):
-                continue
-            api_version, plural = PLURALS[manifest["kind"]]
-            try:
-                live[key] = kube.apply(manifest, plural)
-                if cache:
-                    cache.observe(live[key])
-            except KubeError as exc:
-                if namespace_terminating(exc):
-                    return Outcome("gone")
-                problems.append(apply_problem(manifest, exc))
-                continue
-            writes += 1
-            verb = "Created" if current is None else "Updated"
-            log.info("%s %s name=%s namespace=%s", verb, manifest["kind"], name, namespace)
-            events.record(
-                kube, owner, type_="Normal", reason=verb, message=f"{verb} {key[0]} {key[1]}", now=now()
-            )
-        wanted = {(m["kind"], m["metadata"]["name"]) for m in desired}
-        for key, obj in list(live.items()):
-            if key in wanted or not controlled_by(obj, uid):
-                continue
-            api_version, plural = PLURALS[key[0]]
-            kube.delete(api_version, key[0], plural, namespace, key[1], obj["metadata"]["uid"])
-            del live[key]
-            if cache:
-                cache.forget_child(namespace, name, key[0], key[1])
-            writes += 1
-            log.info("Deleted %s name=%s namespace=%s", key[0], key[1], namespace)
-            events.record(
-                kube, owner, type_="Normal", reason="Deleted", message=f"Deleted {key[0]} {key[1]}", now=now()
-            )
+        return live, pods
+    return _list_children(kube, namespace, name), _list_pods(kube, namespace, name)
 
-    deployment = live.get(("Deployment", name))
-    status = compute_status(
-        owner,
-        deployment,
-        problems,
-        selector=selector_string(name),
-        url=_url(owner, desired, name, namespace),
-        now=now(),
-        pods=pods,
-    )
-    if status_changed(owner.get("status"), status):
-        was_degraded = degraded_now(owner.get("status") or {})
+
+def apply_children(p: Pass, desired: list[Obj]) -> None:
+    """Server-side apply each desired child that differs from its live copy. A child the API server refuses
+    becomes a Problem and the others are still applied."""
+    for manifest in desired:
+        key = child_key(manifest)
+        current = p.live.get(key)
+        if current is not None and matches(manifest, current):
+            continue
         try:
-            written = kube.patch_status(API_VERSION, KIND, PLURAL, namespace, name, status)
+            p.live[key] = p.kube.apply(manifest, PLURALS[key[0]][1])
         except KubeError as exc:
-            if exc.status == 404:  # deleted during the pass
-                if cache:
-                    cache.observe(owner, deleted=True)
-                return Outcome("gone", writes=writes)
-            raise
-        if cache:
-            cache.observe(written)
-        writes += 1
-        log.info("Updated status name=%s namespace=%s summary=%s", name, namespace, _summary(status))
-        degraded = degraded_now(status)
-        if degraded is not None and (was_degraded is None or was_degraded.reason != degraded.reason):
-            events.record(
-                kube, owner, type_="Warning", reason=degraded.reason, message=degraded.message, now=now()
-            )
-    retry = [p for p in problems if p.retry]
-    return Outcome(
-        result="error" if problems else ("applied" if writes else "unchanged"),
-        requeue_after=30.0 if retry else None,
-        writes=writes,
-        problems=problems,
+            if namespace_terminating(exc):
+                raise OwnerGone from exc
+            p.problems.append(apply_problem(manifest, exc))
+            continue
+        if p.cache:
+            p.cache.observe(p.live[key])
+        p.wrote("Created" if current is None else "Updated", *key)
+
+
+def prune_children(p: Pass, desired: list[Obj]) -> None:
+    """Delete the children we control that the spec no longer asks for (e.g. the ScaledObject when
+    autoscaling is turned off)."""
+    wanted = {child_key(manifest) for manifest in desired}
+    uid = p.owner["metadata"]["uid"]
+    for key, obj in list(p.live.items()):
+        if key in wanted or not controlled_by(obj, uid):
+            continue
+        kind, child = key
+        api_version, plural = PLURALS[kind]
+        p.kube.delete(api_version, kind, plural, p.namespace, child, obj["metadata"]["uid"])
+        del p.live[key]
+        if p.cache:
+            p.cache.forget_child(p.namespace, p.name, kind, child)
+        p.wrote("Deleted", kind, child)
+
+
+def check_secrets(p: Pass, desired: list[Obj]) -> None:
+    """Name the Secrets the pod template references that do not exist (SecretNotFound).
+
+    With a cache, a Secret seen to exist is not looked up again until the next resync forgets it: the pods
+    that needed it have it, and a pod that later cannot start for want of it reports that itself
+    (CreateContainerConfigError). A missing Secret is looked up on every pass until it appears.
+    """
+    names = secret_names(desired)
+    if p.cache:
+        names = [name for name in names if not p.cache.secret_seen(p.namespace, name)]
+    missing = missing_secrets(p.kube, p.namespace, names)
+    if p.cache:
+        for name in names:
+            if name not in missing:
+                p.cache.saw_secret(p.namespace, name)
+    if missing:
+        p.problems.append(secret_not_found(p.namespace, missing))
+
+
+def write_status(p: Pass, desired: list[Obj] | None) -> None:
+    """Compute the status from what the pass saw; write it only when it changed, with a Warning Event when
+    the owner becomes Degraded or its Degraded reason changes."""
+    previous = p.owner.get("status") or {}
+    status = compute_status(
+        p.owner,
+        p.live.get(("Deployment", p.name)),
+        p.problems,
+        selector=selector_string(p.name),
+        url=_url(p.owner, desired, p.name, p.namespace),
+        now=p.now(),
+        pods=p.pods,
     )
+    if not status_changed(previous, status):
+        return
+    try:
+        written = p.kube.patch_status(API_VERSION, KIND, PLURAL, p.namespace, p.name, status)
+    except KubeError as exc:
+        if exc.status == 404:  # deleted during the pass
+            if p.cache:
+                p.cache.observe(p.owner, deleted=True)
+            raise OwnerGone from exc
+        raise
+    if p.cache:
+        p.cache.observe(written)
+    p.writes += 1
+    log.info("Updated status name=%s namespace=%s summary=%s", p.name, p.namespace, _summary(status))
+    was, became = degraded_now(previous), degraded_now(status)
+    if became is not None and (was is None or was.reason != became.reason):
+        p.event("Warning", became.reason, became.message)
 
 
 def namespace_terminating(exc: KubeError) -> bool:
@@ -211,9 +295,9 @@ def namespace_terminating(exc: KubeError) -> bool:
     return exc.status == 403 and "being terminated" in exc.message
 
 
-def _list_children(kube: Kube, namespace: str, name: str) -> dict[tuple[str, str], Obj]:
+def _list_children(kube: Kube, namespace: str, name: str) -> dict[ChildKey, Obj]:
     """Every object of a child kind labelled as belonging to `name`; kinds whose API is absent are skipped."""
-    found: dict[tuple[str, str], Obj] = {}
+    found: dict[ChildKey, Obj] = {}
     for api_version, kind, plural in CHILD_KINDS:
         try:
             items = kube.list(api_version, plural, namespace, f"{OWNER_LABEL}={name}")
@@ -237,7 +321,7 @@ def _url(owner: Obj, desired: list[Obj] | None, name: str, namespace: str) -> st
     if desired is None:  # invalid spec: keep reporting the URL of what still runs
         url = (owner.get("status") or {}).get("url")
         return str(url) if url else None
-    for manifest in desired or []:
+    for manifest in desired:
         if manifest["kind"] == "Service":
             ports = manifest.get("spec", {}).get("ports") or []
             if ports:

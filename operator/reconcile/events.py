@@ -8,7 +8,8 @@ import os
 import socket
 from typing import Any
 
-from pagoda.operator.reconcile.kube import FIELD_MANAGER, Kube, KubeError
+from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.resources.meta import FIELD_MANAGER
 
 log = logging.getLogger("pagoda.operator.events")
 INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()

@@ -14,8 +14,8 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
 from pagoda.operator import metrics
+from pagoda.operator.resources.meta import FIELD_MANAGER
 
-FIELD_MANAGER = "pagoda-operator"
 REQUEST_TIMEOUT = (5.0, 30.0)
 
 Obj = dict[str, Any]

@@ -4,13 +4,17 @@ The runtime writes `<Reason>: <message>` to its termination-message file when it
 (runtime/termination.py: ModelNotFound, ModelDoesNotFit, ...); the kubelet copies it into the pod's
 `containerStatuses[].lastState.terminated.message`. A container that keeps failing becomes a `PodIssue`
 with that reason, or `OOMKilled`, or `RuntimeCrashLoop` when the runtime said nothing; a container that
-cannot be created (image, config) keeps the kubelet's waiting reason. No I/O.
+cannot be created (image, config) keeps the kubelet's waiting reason. A container that does not become ready
+within its startupProbe's budget (initialDelaySeconds + failureThreshold x periodSeconds) is `StartupTimeout`:
+still loading past it, or restarted by the kubelet at about that age (the runtime, stopped while loading,
+exits 0 and writes no reason). No I/O.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 Obj = dict[str, Any]
@@ -26,6 +30,10 @@ _WAITING_HINTS = {
     "CreateContainerConfigError": "create the Secret or key it names, or fix the reference in the spec",
     "CreateContainerError": "see the pod's events",
 }
+STARTUP_FIELD = "spec.runtime.startupTimeoutSeconds"
+# How a container stopped by the kubelet ends: the runtime's clean exit on SIGTERM, or SIGKILL/SIGTERM.
+_STOPPED_EXIT_CODES = (0, 137, 143)
+_DEFAULT_GRACE_SECONDS = 30
 
 
 @dataclass(frozen=True)
@@ -34,16 +42,27 @@ class PodIssue:
     message: str
 
 
-def pods_issue(pods: list[Obj]) -> PodIssue | None:
+@dataclass(frozen=True)
+class Startup:
+    """A container's startupProbe budget (seconds) and the pod's termination grace period."""
+
+    budget: int
+    period: int
+    grace: int
+
+
+def pods_issue(pods: list[Obj], now: datetime | None = None) -> PodIssue | None:
     """The first failing container of `pods` (by pod name, so the choice is stable), saying which pod;
-    None when no container is failing. Pods being deleted are not looked at."""
+    None when no container is failing. Pods being deleted are not looked at. `now` (timezone-aware)
+    lets a container still loading past its startup budget count as failing."""
     found: list[PodIssue] = []
     for pod in sorted(pods, key=lambda p: str(p.get("metadata", {}).get("name", ""))):
         meta = pod.get("metadata") or {}
         if meta.get("deletionTimestamp"):
             continue
         for status in (pod.get("status") or {}).get("containerStatuses") or []:
-            issue = container_issue(str(meta.get("name", "?")), status)
+            startup = startup_budget(pod, str(status.get("name", "")))
+            issue = container_issue(str(meta.get("name", "?")), status, startup, now)
             if issue is not None:
                 found.append(issue)
                 break
@@ -58,7 +77,24 @@ def pods_issue(pods: list[Obj]) -> PodIssue | None:
     return first
 
 
-def container_issue(pod: str, status: Obj) -> PodIssue | None:
+def startup_budget(pod: Obj, container: str) -> Startup | None:
+    """The startupProbe budget of `container` in `pod`'s spec; None without a probe (or a spec)."""
+    spec = pod.get("spec") or {}
+    for item in spec.get("containers") or []:
+        probe = item.get("startupProbe") if item.get("name") == container else None
+        if probe:
+            period = int(probe.get("periodSeconds") or 10)
+            budget = (
+                int(probe.get("initialDelaySeconds") or 0) + int(probe.get("failureThreshold") or 3) * period
+            )
+            grace = spec.get("terminationGracePeriodSeconds")
+            return Startup(budget, period, _DEFAULT_GRACE_SECONDS if grace is None else int(grace))
+    return None
+
+
+def container_issue(
+    pod: str, status: Obj, startup: Startup | None = None, now: datetime | None = None
+) -> PodIssue | None:
     """Why one container (a containerStatuses item) is failing, or None."""
     name = str(status.get("name", "?"))
     state = status.get("state") or {}
@@ -72,6 +108,8 @@ def container_issue(pod: str, status: Obj) -> PodIssue | None:
         )
     current = state.get("terminated")
     last = current or (status.get("lastState") or {}).get("terminated")
+    if startup is not None and now is not None and _loading_too_long(status, startup, now):
+        return startup_issue(pod, name, startup, int(status.get("restartCount") or 0))
     if not last:
         return None
     restarts = int(status.get("restartCount") or 0)
@@ -82,10 +120,12 @@ def container_issue(pod: str, status: Obj) -> PodIssue | None:
     )
     if not crashing:
         return None
-    return crash_issue(pod, name, last, restarts)
+    return crash_issue(pod, name, last, restarts, startup)
 
 
-def crash_issue(pod: str, container: str, terminated: Obj, restarts: int) -> PodIssue:
+def crash_issue(
+    pod: str, container: str, terminated: Obj, restarts: int, startup: Startup | None = None
+) -> PodIssue:
     """A container that exited and is being restarted: its own termination message when it left one."""
     facts = f"exit code {terminated.get('exitCode', '?')}, {restarts} restart{'s' if restarts != 1 else ''}"
     where = f"pod {pod} container {container}"
@@ -98,12 +138,54 @@ def crash_issue(pod: str, container: str, terminated: Obj, restarts: int) -> Pod
     reason, text = termination_reason(message)
     if reason is not None:
         return PodIssue(reason, f"{where}: {_clip(text)} ({facts})")
+    if startup is not None and _stopped_at_startup_deadline(terminated, startup):
+        return startup_issue(pod, container, startup, restarts, facts)
     said = f"; last output: {_clip(_last_lines(message))}" if message else ""
     return PodIssue(
         "RuntimeCrashLoop",
         f"{where} keeps exiting ({facts}) without a termination message{said}; "
         f"see `kubectl logs {pod} -c {container} --previous`",
     )
+
+
+def startup_issue(
+    pod: str, container: str, startup: Startup, restarts: int, facts: str | None = None
+) -> PodIssue:
+    """The model did not load within the startup budget: the kubelet restarts the container each time."""
+    facts = facts or f"{restarts} restart{'s' if restarts != 1 else ''}"
+    return PodIssue(
+        "StartupTimeout",
+        f"pod {pod} container {container} did not become ready within its startup budget of "
+        f"{startup.budget}s, so the kubelet restarts it ({facts}); raise {STARTUP_FIELD}, or make loading "
+        "faster (a persistent spec.model.cache keeps downloaded weights)",
+    )
+
+
+def _loading_too_long(status: Obj, startup: Startup, now: datetime) -> bool:
+    """Running, its startup probe not yet passed, for longer than the budget."""
+    running = (status.get("state") or {}).get("running") or {}
+    started = _time(running.get("startedAt"))
+    if started is None or status.get("started") is not False:
+        return False
+    return (now - started).total_seconds() > startup.budget
+
+
+def _stopped_at_startup_deadline(terminated: Obj, startup: Startup) -> bool:
+    """Ended the way a startup-probe restart ends: stopped (not crashed) at about the budget's age (the
+    kubelet acts on the probe failure that reaches failureThreshold, within a period of the budget, then
+    waits up to the grace period)."""
+    began, ended = _time(terminated.get("startedAt")), _time(terminated.get("finishedAt"))
+    if began is None or ended is None or terminated.get("exitCode") not in _STOPPED_EXIT_CODES:
+        return False
+    ran = (ended - began).total_seconds()
+    return startup.budget - startup.period - 5 <= ran <= startup.budget + startup.grace + 30
+
+
+def _time(value: Any) -> datetime | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
 
 
 def termination_reason(message: str) -> tuple[str | None, str]:

@@ -6,23 +6,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pagoda.operator.api import describe
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.status import Problem
 
 Obj = dict[str, Any]
-
-
-def field_path(loc: tuple[int | str, ...]) -> str:
-    path = "spec"
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}"
-    return path
+INVALID_SPEC_PREFIX = "The spec is invalid, fix it: "
 
 
 def invalid_spec(exc: ValidationError) -> Problem:
-    """Every validation error with the field it concerns, e.g. `spec.engine.dtype: Input should be ...`."""
-    parts = [f"{field_path(err['loc'])}: {err['msg']}" for err in exc.errors(include_url=False)]
-    return Problem("InvalidSpec", "The spec is invalid, fix it: " + "; ".join(parts), retry=False)
+    """Every validation error with the field it concerns, e.g. `spec.engine.dtype: Input should be ...`; a
+    cross-field rule's error is its message exactly as the API server gives it at admission (api/rules.py)."""
+    return Problem("InvalidSpec", INVALID_SPEC_PREFIX + describe(exc), retry=False)
 
 
 def secret_names(manifests: list[Obj]) -> list[str]:
@@ -53,27 +48,29 @@ def secret_names(manifests: list[Obj]) -> list[str]:
     return names
 
 
-def missing_secrets(kube: Kube, namespace: str, manifests: list[Obj]) -> list[Problem]:
+def missing_secrets(kube: Kube, namespace: str, names: list[str]) -> list[str]:
+    """Those of the Secrets `names` that do not exist: one metadata-only GET each (never the data). A Secret
+    the operator may not look at counts as present: its pods will report it."""
     missing = []
-    for name in secret_names(manifests):
+    for name in names:
         try:
             found = kube.get_metadata("v1", "secrets", namespace, name)
         except KubeError as exc:
             if exc.status == 403:
-                continue  # not allowed to look: the pods will report it
+                continue
             raise
         if found is None:
             missing.append(name)
-    if not missing:
-        return []
+    return missing
+
+
+def secret_not_found(namespace: str, missing: list[str]) -> Problem:
     listed = ", ".join(missing)
-    return [
-        Problem(
-            "SecretNotFound",
-            f"Secret(s) {listed} referenced by the spec do not exist in namespace {namespace}: "
-            "create them or fix the secret reference in the spec",
-        )
-    ]
+    return Problem(
+        "SecretNotFound",
+        f"Secret(s) {listed} referenced by the spec do not exist in namespace {namespace}: "
+        "create them or fix the secret reference in the spec",
+    )
 
 
 def apply_problem(manifest: Obj, exc: KubeError) -> Problem:

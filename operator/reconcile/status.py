@@ -2,18 +2,22 @@
 
 No I/O. `compute_status` takes the owner, the live Deployment (or None), the service's pods and the problems
 found during the pass, and returns the complete status. A condition keeps its lastTransitionTime unless its
-status flips.
+status flips. What keeps replicas from being ready (`blocker`: a failing container, an unschedulable pod, pods
+the API server refuses, a stuck rollout) makes the service Degraded and is the Ready condition's reason while
+replicas are missing, so `kubectl get` shows it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+from pagoda.operator.reconcile.admission import replica_failure_issue
 from pagoda.operator.reconcile.pods import PodIssue, pods_issue
+from pagoda.operator.reconcile.scheduling import unschedulable_issue
 
 Obj = dict[str, Any]
-CONDITION_TYPES = ("Ready", "Progressing", "Degraded")
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,12 @@ def compute_status(
     previous = {c.get("type"): c for c in (owner.get("status") or {}).get("conditions") or []}
     st = (deployment or {}).get("status") or {}
     want = desired_replicas(deployment) if deployment is not None else 0
+    spec = owner.get("spec") or {}
+    stop = blocker(deployment, pods or [], spec, _parse_time(now)) if deployment is not None else None
     conditions = [
-        ready_condition(deployment, problems),
+        ready_condition(deployment, problems, stop),
         progressing_condition(deployment, problems),
-        degraded_condition(deployment, problems, pods_issue(pods or []) if deployment is not None else None),
+        degraded_condition(deployment, problems, stop),
     ]
     status: Obj = {
         "observedGeneration": generation,
@@ -104,7 +110,35 @@ def _deployment_condition(deployment: Obj | None, type_: str) -> Obj | None:
     return None
 
 
-def ready_condition(deployment: Obj | None, problems: list[Problem]) -> Condition:
+def blocker(deployment: Obj, pods: list[Obj], spec: Obj, now: datetime | None) -> PodIssue | None:
+    """What keeps the replicas from running, most specific first: a failing container (its runtime's own
+    reason, OOM, image, startup timeout), an unschedulable pod, pods the API server refuses to create (the
+    Deployment's ReplicaFailure), a rollout past its progress deadline; None when nothing does."""
+    found = pods_issue(pods, now) or unschedulable_issue(pods, spec)
+    if found is not None:
+        return found
+    failure = _deployment_condition(deployment, "ReplicaFailure")
+    if failure and failure.get("status") == "True":
+        return replica_failure_issue(failure, spec)
+    stuck = _deployment_condition(deployment, "Progressing")
+    if stuck and stuck.get("status") == "False":
+        return PodIssue(
+            "RolloutStuck",
+            f"The Deployment's rollout exceeded its progress deadline: {stuck.get('message', '')}",
+        )
+    return None
+
+
+def _parse_time(value: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def ready_condition(
+    deployment: Obj | None, problems: list[Problem], stop: PodIssue | None = None
+) -> Condition:
     if deployment is None:
         if problems:
             return Condition("Ready", False, problems[0].reason, problems[0].message)
@@ -115,6 +149,10 @@ def ready_condition(deployment: Obj | None, problems: list[Problem]) -> Conditio
         return Condition("Ready", False, "ScaledToZero", "The Deployment is scaled to 0 replicas")
     if ready >= want:
         return Condition("Ready", True, "ReplicasReady", f"{ready}/{want} replicas are ready")
+    if stop is not None:
+        return Condition(
+            "Ready", False, stop.reason, f"{ready}/{want} replicas are ready; the Degraded condition says why"
+        )
     return Condition("Ready", False, "ReplicasNotReady", f"{ready}/{want} replicas are ready")
 
 
@@ -142,31 +180,14 @@ def progressing_condition(deployment: Obj | None, problems: list[Problem]) -> Co
 
 
 def degraded_condition(
-    deployment: Obj | None, problems: list[Problem], pod_issue: PodIssue | None = None
+    deployment: Obj | None, problems: list[Problem], stop: PodIssue | None = None
 ) -> Condition:
-    """What blocks the service, most specific first: the operator's own problems, a failing pod (its
-    runtime's reason, e.g. ModelNotFound), then the Deployment's ReplicaFailure or stuck rollout."""
+    """The operator's own problems first, then what blocks the replicas (see `blocker`)."""
     if problems:
         reason = problems[0].reason
         return Condition("Degraded", True, reason, "; ".join(p.message for p in problems))
-    if pod_issue is not None:
-        return Condition("Degraded", True, pod_issue.reason, pod_issue.message)
-    failure = _deployment_condition(deployment, "ReplicaFailure")
-    if failure and failure.get("status") == "True":
-        return Condition(
-            "Degraded",
-            True,
-            str(failure.get("reason") or "ReplicaFailure"),
-            str(failure.get("message") or ""),
-        )
-    stuck = _deployment_condition(deployment, "Progressing")
-    if stuck and stuck.get("status") == "False":
-        return Condition(
-            "Degraded",
-            True,
-            "RolloutStuck",
-            f"The Deployment's rollout exceeded its progress deadline: {stuck.get('message', '')}",
-        )
+    if stop is not None:
+        return Condition("Degraded", True, stop.reason, stop.message)
     return Condition("Degraded", False, "Reconciled", "Every child object matches the spec")
 
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 APP_NAME = "pagoda-runtime"
+# app.kubernetes.io/managed-by on every child and pod: the operator's watches select on it.
 MANAGED_BY = "pagoda-operator"
+# On every child and pod, naming its InferenceService: how the operator finds an owner's children.
 OWNER_LABEL = "pagoda.dev/inferenceservice"
+# The server-side apply field manager; compare.stale_fields reads managedFields by this name, and Events
+# name it as their reporting component.
+FIELD_MANAGER = "pagoda-operator"
 CONTAINER_NAME = "runtime"
 HTTP_PORT = 8000
 PORT_NAME = "http"

@@ -11,7 +11,6 @@ from kubernetes.client.exceptions import ApiException
 from e2e.processes import wait_until
 
 GROUP, VERSION, PLURAL = "pagoda.dev", "v1alpha1", "inferenceservices"
-OWNER_LABEL = "pagoda.dev/inferenceservice"
 
 BASE_SPEC: dict[str, Any] = {
     "model": {"uri": "hf://pagoda-test/tiny-llama", "servedName": "tiny"},

@@ -15,6 +15,10 @@ import yaml
 from isvc import GROUP, PLURAL, VERSION, manifest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.reconcile.problems import INVALID_SPEC_PREFIX, invalid_spec
 
 # Autoscaling needs a metrics source: the ServiceMonitor the operator writes.
 MONITORED = {"monitoring": {"serviceMonitor": {"enabled": True}}}
@@ -73,6 +77,14 @@ INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
     ("bad-memory-quantity", {"resources": {"memory": "lots"}}, ["spec.resources.memory"]),
     ("bad-service-port", {"service": {"port": 70000}}, ["spec.service.port"]),
     ("unknown-field", {"engine": {"turbo": True}}, ["spec.engine.turbo"]),
+    ("zero-gpu-hour-price", {"cost": {"gpuHourPrice": 0}}, ["spec.cost.gpuHourPrice"]),
+    ("cost-without-gpu-hour-price", {"cost": {"apiPricePerMillionTokens": 0.6}}, ["spec.cost.gpuHourPrice"]),
+    (
+        "negative-api-price",
+        {"cost": {"gpuHourPrice": 2.5, "apiPricePerMillionTokens": -1}},
+        ["spec.cost.apiPricePerMillionTokens"],
+    ),
+    ("lowercase-currency", {"cost": {"gpuHourPrice": 2.5, "currency": "usd"}}, ["spec.cost.currency"]),
 ]
 
 
@@ -92,10 +104,38 @@ def test_invalid_spec_is_rejected_at_admission(
         assert field in message, f"{field!r} not named in: {message}"
 
 
+# (id, spec overrides) breaking one cross-field rule each (api/rules.py)
+RULE_BREAKERS: list[tuple[str, dict[str, Any]]] = [
+    ("owned-flag-underscore", {"engine": {"extraArgs": ["--served_model_name=other"]}}),
+    ("gpu-memory-above-1", {"engine": {"gpuMemoryUtilization": 1.5}}),
+    ("unknown-uri-scheme", {"model": {"uri": "ftp://host/model"}}),
+    ("replicas-and-autoscaling", {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}, **MONITORED}),
+]
+
+
+@pytest.mark.parametrize("overrides", [pytest.param(o, id=i) for i, o in RULE_BREAKERS])
+def test_degraded_says_what_admission_says(
+    crd: None, cluster_api: Any, namespace: str, overrides: dict[str, Any]
+) -> None:
+    """The operator's InvalidSpec message (for an object stored under an older CRD) is the API server's
+    rule message, word for word."""
+    body = manifest("bad", namespace, **overrides)
+    with pytest.raises(ApiException) as caught:
+        client.CustomObjectsApi(cluster_api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body, dry_run="All"
+        )
+    admission = json.loads(caught.value.body)["message"]
+    with pytest.raises(ValidationError) as invalid:
+        InferenceServiceSpec.model_validate(body["spec"])
+    degraded = invalid_spec(invalid.value).message.removeprefix(INVALID_SPEC_PREFIX)
+    assert admission.endswith(f": {degraded}"), (admission, degraded)
+
+
 def test_a_valid_spec_is_accepted(crd: None, cluster_api: Any, namespace: str) -> None:
     """The base every invalid case starts from is itself valid (so each case fails for its own reason)."""
     api = client.CustomObjectsApi(cluster_api)
-    for overrides in ({}, AUTO):
+    priced = {"cost": {"gpuHourPrice": 2.5, "apiPricePerMillionTokens": 0.6, "currency": "EUR"}}
+    for overrides in ({}, AUTO, priced):
         created = api.create_namespaced_custom_object(
             GROUP,
             VERSION,

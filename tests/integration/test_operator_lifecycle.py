@@ -6,7 +6,6 @@ from typing import Any
 
 from harness import OperatorProcess, wait_until
 from isvc import (
-    OWNER_LABEL,
     condition,
     create,
     create_ready,
@@ -18,6 +17,7 @@ from isvc import (
 from kubernetes import client
 
 from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.resources.meta import OWNER_LABEL
 
 CHILD_LABELS = {
     "app.kubernetes.io/name": "pagoda-runtime",
@@ -122,11 +122,17 @@ def test_spec_change_rolls_out(
         return "4096" in args
 
     wait_until(rolled, "the Deployment's template to carry --max-model-len 4096")
-    sets = wait_until(
-        lambda: len(raw.list("apps/v1", "replicasets", namespace, f"{OWNER_LABEL}=roll")) >= 2 and True,
-        "a second ReplicaSet (a rollout)",
-    )
-    assert sets
+
+    def replica_sets() -> list[dict[str, Any]] | None:
+        found = raw.list("apps/v1", "replicasets", namespace, f"{OWNER_LABEL}=roll")
+        return found if len(found) >= 2 else None
+
+    sets = wait_until(replica_sets, "a second ReplicaSet (a rollout)")
+    # Both belong to the one Deployment and run different pod templates: the old spec and the new one.
+    assert {ref["uid"] for rs in sets for ref in rs["metadata"]["ownerReferences"]} == {
+        before["metadata"]["uid"]
+    }
+    assert len({rs["metadata"]["labels"]["pod-template-hash"] for rs in sets}) == len(sets)
     obj = wait_ready(kube, "roll", namespace, "Ready again")
     assert obj["status"]["observedGeneration"] == 2
     after = raw.get("apps/v1", "deployments", namespace, "roll")

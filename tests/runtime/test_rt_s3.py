@@ -21,7 +21,8 @@ from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
 
 pytestmark = pytest.mark.runtime
 
-BIN_DIR = Path(os.environ.get("PAGODA_BIN", "/work/main/.pagoda-dev/bin"))
+REPO = Path(__file__).resolve().parents[2]
+BIN_DIR = Path(os.environ.get("PAGODA_BIN", REPO / ".pagoda-dev" / "bin"))
 BUCKET = "pagoda-models"
 PREFIX = "llama/tiny"
 USER = "pagoda-test"

@@ -1,15 +1,17 @@
-"""Tier 3: the OpenAI API, probes, bad requests and metrics on the real engine, via the `openai` client."""
+"""Tier 3: the OpenAI API, probes, bad requests, metrics and KV-cache capacity on the real engine, via the
+`openai` client."""
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
 import httpx
 import openai
 import pytest
-from harness import RuntimeProcess, wait_until
+from harness import ENGINE_FLAGS, RuntimeProcess, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.runtime
@@ -164,3 +166,28 @@ def test_metrics_follow_the_engine_under_load(server: RuntimeProcess) -> None:
         timeout=30,
         what="an idle engine in the metrics",
     )
+
+
+def test_kv_cache_capacity_on_metrics_and_as_json(server: RuntimeProcess) -> None:
+    label = '{model_name="tiny"}'
+    metrics = scrape(server)
+    tokens = metrics[f"pagoda_kv_cache_capacity_tokens{label}"]
+    concurrency = metrics[f"pagoda_kv_cache_max_concurrency{label}"]
+    answer = server.get("/v1/pagoda/capacity")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert set(body) == {"kvCacheTokens", "maxModelLen", "maxConcurrency", "blockSize"}
+    assert body["maxModelLen"] == int(ENGINE_FLAGS[ENGINE_FLAGS.index("--max-model-len") + 1])
+    assert (body["kvCacheTokens"], body["maxConcurrency"]) == (tokens, concurrency)
+    assert tokens > 0 and body["blockSize"] > 0
+    # vLLM's count is int(concurrency * maxModelLen).
+    assert tokens <= concurrency * body["maxModelLen"] < tokens + 1
+    # The same numbers vLLM logged when it sized the cache.
+    logged = re.search(
+        r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
+        server.log_path.read_text(errors="replace"),
+    )
+    assert logged, server.log_tail()
+    assert int(logged[1].replace(",", "")) == tokens
+    assert int(logged[2].replace(",", "")) == body["maxModelLen"]
+    assert float(logged[3]) == round(concurrency, 2)

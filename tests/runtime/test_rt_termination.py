@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from harness import VLLM_EXTRA, RuntimeProcess
+from harness import RuntimeProcess
 
 pytestmark = pytest.mark.runtime
 
@@ -47,25 +47,36 @@ def test_missing_model_path_is_model_not_found(tmp_path: Path) -> None:
 def test_max_model_len_larger_than_the_kv_cache_is_model_does_not_fit(
     tiny_model: Path, tmp_path: Path
 ) -> None:
-    # 4 blocks of 32 tokens (vLLM's CPU attention wants a multiple of 32), one of them vLLM's null block:
-    # the cache holds 96 tokens, 2048 do not fit.
+    # A 1 GiB CPU KV cache holds 131072 tokens of the tiny model (8 KiB per token in float32); a request of
+    # 262144 tokens does not fit. VLLM_CPU_KVCACHE_SPACE takes whole GiB, so maxModelLen goes past the
+    # model's 4096-token context instead (VLLM_ALLOW_LONG_MAX_MODEL_LEN): vLLM then refuses at its KV check.
+    env = termination_env(tmp_path) | {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}
     runtime = RuntimeProcess(
         model=f"file://{tiny_model}",
         workdir=tmp_path / "run",
-        flags=["--max-model-len", "2048", "--block-size", "32", "--dtype", "float32"],
-        extra_env=termination_env(tmp_path),
-        vllm_extra=[*VLLM_EXTRA, "--num-gpu-blocks-override", "4"],
+        flags=["--max-model-len", "262144", "--max-num-seqs", "4", "--dtype", "float32"],
+        extra_env=env,
     )
     rc, message, log = run_to_exit(runtime)
     assert rc == 1, log[-3000:]
-    match = re.match(
-        r"ModelDoesNotFit: maxModelLen 2048 needs KV-cache space for 2048 tokens but the cache holds "
-        r"(\d+) tokens.*; lower spec\.engine\.maxModelLen to at most (\d+), raise "
-        r"spec\.engine\.gpuMemoryUtilization or add GPUs \(spec\.engine\.tensorParallelSize\)$",
+    match = re.fullmatch(
+        r"ModelDoesNotFit: spec\.engine\.maxModelLen=262144 needs ([\d.]+) GiB of KV cache but "
+        r"([\d.]+) GiB is available; lower spec\.engine\.maxModelLen to at most (\d+), or raise "
+        r"spec\.engine\.gpuMemoryUtilization, or add GPUs with spec\.engine\.tensorParallelSize \(on CPU: "
+        r"raise VLLM_CPU_KVCACHE_SPACE in spec\.runtime\.env, now 1 GiB\)",
         message,
     )
     assert match, message or log[-3000:]
-    assert match.group(1) == match.group(2) == "96"
+    # The numbers are vLLM's own, as its EngineCore logged them with the exception.
+    vllm = re.search(
+        r"max seq len \(262144\), \(([\d.]+) GiB KV cache is needed, which is larger than the available "
+        r"KV cache memory \(([\d.]+) GiB\)\. Based on the available memory, the estimated maximum model "
+        r"length is (\d+)\.",
+        log,
+    )
+    assert vllm, log[-3000:]
+    assert match.groups() == vllm.groups()
+    assert 0 < int(match[3]) * 8192 <= 1024**3  # fits in the 1 GiB cache
 
 
 def test_max_model_len_longer_than_the_model_is_named(tiny_model: Path, tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ RUNTIME_METRICS = frozenset(
         "pagoda_draining",
         "pagoda_model_load_seconds",
         "pagoda_requests_rejected_draining_total",
+        "pagoda_kv_cache_capacity_tokens",
+        "pagoda_kv_cache_max_concurrency",
     }
 )
 OPERATOR_METRICS = frozenset(

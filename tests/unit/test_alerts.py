@@ -23,6 +23,15 @@ REQUIRED_ALERTS = {
     "PagodaTTFTHigh",
     "PagodaNoReadyReplicas",
     "PagodaOperatorReconcileErrors",
+    "PagodaServingCostsMoreThanApi",
+}
+# The cost recording rules the dashboard's cost panels and the alert read (docs/observability.md#cost).
+REQUIRED_RECORDS = {
+    "pagoda:serving_cost_per_hour",
+    "pagoda:generated_tokens_per_second",
+    "pagoda:cost_per_million_tokens",
+    "pagoda:break_even_tokens_per_second",
+    "pagoda:break_even_utilization",
 }
 
 
@@ -46,8 +55,17 @@ def rule_spec(*args: str) -> dict[str, Any]:
     return spec
 
 
-def alerts(spec: dict[str, Any]) -> list[dict[str, Any]]:
+def rules(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every rule: alerts and recording rules."""
     return [rule for group in spec["groups"] for rule in group["rules"]]
+
+
+def alerts(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rule for rule in rules(spec) if "alert" in rule]
+
+
+def records(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [rule for rule in rules(spec) if "record" in rule]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +78,7 @@ def rules_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_promtool_checks_the_rules(rules_dir: Path) -> None:
     result = run_promtool(rules_dir, "check", "rules", "rules.yaml")
-    assert f"SUCCESS: {len(alerts(rule_spec()))} rules found" in result.stdout
+    assert f"SUCCESS: {len(rules(rule_spec()))} rules found" in result.stdout
 
 
 def test_promtool_unit_tests_pass(rules_dir: Path) -> None:
@@ -76,10 +94,26 @@ def test_every_alert_is_unit_tested() -> None:
     assert firing == {rule["alert"] for rule in alerts(rule_spec())}
 
 
+def test_every_recording_rule_is_unit_tested() -> None:
+    """Each recorded series is checked with values (promql_expr_test), except the plain token rate."""
+    cases = yaml.safe_load((CHART / "tests" / "alerts_test.yaml").read_text())["tests"]
+    checked = {check["expr"] for case in cases for check in case.get("promql_expr_test", [])}
+    recorded = {rule["record"] for rule in records(rule_spec())}
+    assert recorded == REQUIRED_RECORDS
+    assert recorded - checked == {"pagoda:generated_tokens_per_second"}
+
+
+def test_cost_rules_take_their_window_and_for_from_values() -> None:
+    spec = rule_spec("--set", "prometheusRule.costRateWindow=1m", "--set", "prometheusRule.costFor=2h")
+    by_name = {rule.get("record") or rule["alert"]: rule for rule in rules(spec)}
+    assert "[1m]" in by_name["pagoda:generated_tokens_per_second"]["expr"]
+    assert by_name["PagodaServingCostsMoreThanApi"]["for"] == "2h"
+
+
 def test_required_alerts_exist_with_severity_and_runbook() -> None:
-    rules = alerts(rule_spec())
-    assert REQUIRED_ALERTS <= {rule["alert"] for rule in rules}
-    for rule in rules:
+    found = alerts(rule_spec())
+    assert REQUIRED_ALERTS <= {rule["alert"] for rule in found}
+    for rule in found:
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"] and rule["annotations"]["description"]
 

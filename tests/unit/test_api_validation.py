@@ -176,6 +176,18 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         "spec.engine.extraArgs",
         r.MSG_EXTRA_ARGS,
     ),
+    (
+        "extra-arg-owned-flag-underscore",
+        _set("engine.extraArgs", ["--served_model_name", "other"]),
+        "spec.engine.extraArgs",
+        r.MSG_EXTRA_ARGS,
+    ),
+    (
+        "extra-arg-owned-flag-underscore-with-value",
+        _set("engine.extraArgs", ["--api_key=secret"]),
+        "spec.engine.extraArgs",
+        r.MSG_EXTRA_ARGS,
+    ),
     ("max-model-len-tiny", _set("engine.maxModelLen", 8), "spec.engine.maxModelLen", None),
     ("s3-bucket-too-short", _set("model.uri", "s3://ab/model"), "spec.model.uri", r.MSG_URI),
     ("pvc-claim-uppercase", _set("model.uri", "pvc://Models/llama"), "spec.model.uri", r.MSG_URI),
@@ -191,6 +203,21 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         None,
     ),
     ("in-flight-target-zero", _set("autoscaling.targetInFlight", 0), "spec.autoscaling.targetInFlight", None),
+    ("cost-price-zero", _set("cost", {"gpuHourPrice": 0}), "spec.cost.gpuHourPrice", None),
+    ("cost-price-missing", _set("cost", {"apiPricePerMillionTokens": 0.6}), "spec.cost.gpuHourPrice", None),
+    (
+        "cost-api-price-negative",
+        _set("cost", {"gpuHourPrice": 2.5, "apiPricePerMillionTokens": -0.6}),
+        "spec.cost.apiPricePerMillionTokens",
+        None,
+    ),
+    (
+        "cost-currency-not-iso",
+        _set("cost", {"gpuHourPrice": 2.5, "currency": "usd"}),
+        "spec.cost.currency",
+        None,
+    ),
+    ("cost-price-not-number", _set("cost", {"gpuHourPrice": "cheap"}), "spec.cost.gpuHourPrice", None),
     (
         "prometheus-not-url",
         _set("autoscaling.prometheusAddress", "prometheus:9090"),
@@ -329,3 +356,23 @@ def _object(name: str, spec: dict[str, Any]) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": "llm"},
         "spec": copy.deepcopy(spec),
     }
+
+
+def test_cost_is_optional_and_currency_defaults_to_usd(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    assert InferenceServiceSpec.model_validate(llama_spec).cost is None
+    llama_spec["cost"] = {"gpuHourPrice": 2}  # an integer is a number too
+    cost = InferenceServiceSpec.model_validate(llama_spec).cost
+    assert cost is not None and (cost.gpu_hour_price, cost.api_price_per_million_tokens) == (2.0, None)
+    assert cost.currency == "USD"
+    assert cel_check(_object("llama", llama_spec)) == []
+
+
+def test_cost_prices_must_be_positive_in_the_crd_schema(crd_root_schema: dict[str, Any]) -> None:
+    """The API server rejects 0 and negative prices itself (exclusiveMinimum), naming the field."""
+    cost = crd_root_schema["properties"]["spec"]["properties"]["cost"]
+    assert cost["required"] == ["gpuHourPrice"]
+    for name in ("gpuHourPrice", "apiPricePerMillionTokens"):
+        field = cost["properties"][name]
+        assert (field["type"], field["minimum"], field["exclusiveMinimum"]) == ("number", 0, True)

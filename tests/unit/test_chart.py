@@ -251,8 +251,8 @@ def test_monitoring_scenario_objects() -> None:
     assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
     assert monitor["spec"]["selector"]["matchLabels"] == only(docs, "Service")["spec"]["selector"]
     rule = only(docs, "PrometheusRule")
-    alerts = [r for group in rule["spec"]["groups"] for r in group["rules"]]
-    assert all(a["labels"]["team"] == "ml-platform" for a in alerts)
+    alerts = [r for group in rule["spec"]["groups"] for r in group["rules"] if "alert" in r]
+    assert alerts and all(a["labels"]["team"] == "ml-platform" for a in alerts)
     assert not find(render(), "ServiceMonitor") and not find(render(), "PrometheusRule")
 
 

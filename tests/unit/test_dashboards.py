@@ -24,6 +24,24 @@ DASHBOARDS = sorted((REPO / "charts" / "pagoda" / "files" / "dashboards").glob("
 # Metrics each dashboard may use: the stable contract names (metric_contract), vLLM's, and
 # kube-state-metrics' (named as such: only those panels need kube-state-metrics).
 KUBE_STATE_METRICS = {"kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready"}
+CHART = REPO / "charts" / "pagoda"
+
+
+def custom_resource_metrics() -> set[str]:
+    """What kube-state-metrics exports from InferenceServices with the chart's custom-resource-state file."""
+    config = yaml.safe_load((CHART / "files" / "kube-state-metrics" / "inferenceservice.yaml").read_text())
+    return {
+        f"{resource['metricNamePrefix']}_{metric['name']}"
+        for resource in config["spec"]["resources"]
+        for metric in resource["metrics"]
+    }
+
+
+def recorded_series() -> set[str]:
+    """The series the chart's PrometheusRule records (the cost panels read them)."""
+    from tests.unit.test_alerts import records, rule_spec
+
+    return {rule["record"] for rule in records(rule_spec())}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -118,14 +136,22 @@ def test_inferenceservice_dashboard_covers_the_issue() -> None:
         "vllm:prefix_cache_hits_total",
         "kube_deployment_spec_replicas",
         "kube_deployment_status_replicas_ready",
+        "pagoda:cost_per_million_tokens",
+        "pagoda_inferenceservice_spec_cost_api_price_per_million_tokens",
+        "pagoda:break_even_utilization",
+        "pagoda:break_even_tokens_per_second",
     ):
         assert metric in text, metric
     titles = {p["title"] for p in board["panels"]}
     assert {"Request rate", "Errors", "Scaling events", "Replicas: desired vs ready"} <= titles
+    assert {"Cost per 1M generated tokens", "Break-even utilization"} <= titles
 
 
 def test_metric_names_are_known() -> None:
-    allowed_runtime = RUNTIME_METRICS | KUBE_STATE_METRICS | {"up"}
+    """Runtime, vLLM and kube-state-metrics names, the chart's recorded series and what kube-state-metrics
+    exports with the chart's custom-resource-state config: nothing the dashboard cannot get."""
+    allowed_runtime = RUNTIME_METRICS | KUBE_STATE_METRICS | {"up"} | recorded_series()
+    allowed_runtime |= custom_resource_metrics()
     for path in DASHBOARDS:
         for title, expr in targets(load(path)):
             for name in metric_names(expr):

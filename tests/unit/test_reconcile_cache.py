@@ -67,6 +67,18 @@ def test_list_owners_get_their_kind_and_pods_keep_only_what_status_needs() -> No
     cached_pod = cache.children("ns", "m")[("Pod", "m-abc")]
     assert "spec" not in cached_pod and "managedFields" not in cached_pod["metadata"]
     assert cached_pod["status"] == {"phase": "Running"} and cached_pod["metadata"]["name"] == "m-abc"
+    # Of the spec, only what the startup budget needs (StartupTimeout).
+    probe = {"httpGet": {"path": "/readyz"}, "periodSeconds": 10, "failureThreshold": 180}
+    spec = {
+        "containers": [{"name": "runtime", "image": "x", "args": ["a"] * 50, "startupProbe": probe}],
+        "terminationGracePeriodSeconds": 140,
+        "volumes": [{"name": "v", "emptyDir": {}}],
+    }
+    cache.observe(obj("Pod", "m-def", "5", spec=spec))
+    assert cache.children("ns", "m")[("Pod", "m-def")]["spec"] == {
+        "containers": [{"name": "runtime", "startupProbe": probe}],
+        "terminationGracePeriodSeconds": 140,
+    }
 
 
 def test_replace_keeps_a_newer_cached_copy_and_drops_the_missed() -> None:
@@ -112,3 +124,12 @@ def test_readers_never_see_a_listed_object_missing_during_replace() -> None:
         stop.set()
         reader.join()
     assert not misses, f"{len(misses)} reads saw a listed object missing ({sorted(set(misses))})"
+
+
+def test_secrets_seen_are_remembered_until_the_resync_forgets_them() -> None:
+    cache = ObjectCache("InferenceService")
+    assert not cache.secret_seen("ns", "hf-token")
+    cache.saw_secret("ns", "hf-token")
+    assert cache.secret_seen("ns", "hf-token") and not cache.secret_seen("other", "hf-token")
+    cache.forget_secrets()
+    assert not cache.secret_seen("ns", "hf-token")

@@ -1,7 +1,9 @@
-"""Pure: what the pods say blocks the service (termination-message reasons, OOM, crash loops, image pulls)."""
+"""Pure: what the pods say blocks the service (termination-message reasons, OOM, crash loops, image pulls,
+startup timeouts)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pagoda.operator.reconcile.pods import container_issue, pods_issue, termination_reason
@@ -131,3 +133,79 @@ def test_termination_reason_needs_a_camel_case_word_and_a_colon() -> None:
     assert termination_reason("Traceback (most recent call last):")[0] is None
     assert termination_reason("lowercase: no")[0] is None
     assert termination_reason("")[0] is None
+
+
+PROBE = {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 10, "failureThreshold": 180}
+NOW = datetime(2026, 1, 1, 1, 0, 0, tzinfo=UTC)
+
+
+def with_probe(p: dict[str, Any], probe: dict[str, Any] | None = None, grace: int = 140) -> dict[str, Any]:
+    containers = [{"name": "runtime", "startupProbe": probe or PROBE}]
+    return {**p, "spec": {"containers": containers, "terminationGracePeriodSeconds": grace}}
+
+
+def loading(started: str, restarts: int = 0, last: dict[str, Any] | None = None) -> dict[str, Any]:
+    status = container(restarts=restarts, waiting=None, last=last)
+    status["state"] = {"running": {"startedAt": started}}
+    status["started"] = False
+    return status
+
+
+def stopped(ran_seconds: int, code: int = 0, message: str | None = None) -> dict[str, Any]:
+    began = datetime(2026, 1, 1, 0, 0, 0, tzinfo=UTC)
+    out = terminated(code=code, reason="Completed" if code == 0 else "Error", message=message)
+    out["startedAt"] = began.strftime("%Y-%m-%dT%H:%M:%SZ")
+    out["finishedAt"] = (began + timedelta(seconds=ran_seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return out
+
+
+def test_still_loading_past_the_startup_budget() -> None:
+    # Started 1801 s ago, budget 180 x 10 s: StartupTimeout, naming the budget and the field.
+    issue = pods_issue([with_probe(pod("p", loading("2026-01-01T00:29:59Z")))], NOW)
+    assert issue is not None and issue.reason == "StartupTimeout"
+    assert issue.message == (
+        "pod p container runtime did not become ready within its startup budget of 1800s, so the kubelet "
+        "restarts it (0 restarts); raise spec.runtime.startupTimeoutSeconds, or make loading faster (a "
+        "persistent spec.model.cache keeps downloaded weights)"
+    )
+    # Within the budget, without `now`, without a probe, or once the probe passed: still loading, no issue.
+    assert pods_issue([with_probe(pod("p", loading("2026-01-01T00:30:01Z")))], NOW) is None
+    assert pods_issue([with_probe(pod("p", loading("2026-01-01T00:29:59Z")))]) is None
+    assert pods_issue([pod("p", loading("2026-01-01T00:29:59Z"))], NOW) is None
+    started = {**loading("2026-01-01T00:29:59Z"), "started": True}
+    assert pods_issue([with_probe(pod("p", started))], NOW) is None
+    # initialDelaySeconds counts: 600 + 180 x 10 = 2400 s.
+    delayed = with_probe(pod("p", loading("2026-01-01T00:29:59Z")), {**PROBE, "initialDelaySeconds": 600})
+    assert pods_issue([delayed], NOW) is None
+
+
+def test_restarted_by_the_startup_probe() -> None:
+    # The kubelet stopped it at about the budget; the runtime, stopped while loading, exits 0 with no reason.
+    for ran, code in ((1791, 0), (1800, 0), (1930, 137), (1795, 143)):
+        p = with_probe(pod("p", loading("2026-01-01T00:59:00Z", restarts=1, last=stopped(ran, code))))
+        issue = pods_issue([p], NOW)
+        assert issue is not None and issue.reason == "StartupTimeout", (ran, code)
+        assert f"exit code {code}, 1 restart)" in issue.message
+        assert "spec.runtime.startupTimeoutSeconds" in issue.message
+    # In CrashLoopBackOff after several such restarts.
+    backoff = container(restarts=4, last=stopped(1800))
+    issue = pods_issue([with_probe(pod("p", backoff))], NOW)
+    assert issue is not None and issue.reason == "StartupTimeout" and "4 restarts" in issue.message
+
+
+def test_other_exits_are_not_startup_timeouts() -> None:
+    cases = [
+        stopped(1800, code=1, message=NOT_FOUND),  # the runtime's own reason wins
+        stopped(1800, code=1),  # a crash (exit 1) at that age is a crash
+        stopped(30),  # far too early for the probe
+        stopped(7200),  # served, then was stopped (a liveness restart)
+    ]
+    expected = ["ModelNotFound", "RuntimeCrashLoop", "RuntimeCrashLoop", "RuntimeCrashLoop"]
+    for last, reason in zip(cases, expected, strict=True):
+        p = with_probe(pod("p", loading("2026-01-01T00:59:00Z", restarts=1, last=last)))
+        issue = pods_issue([p], NOW)
+        assert issue is not None and issue.reason == reason, last
+    oom = stopped(1800, code=137)
+    oom["reason"] = "OOMKilled"
+    issue = pods_issue([with_probe(pod("p", container(last=oom)))], NOW)
+    assert issue is not None and issue.reason == "OOMKilled"

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.api import rules as r
 from pagoda.operator.reconcile.kube import KubeError, resource_path
-from pagoda.operator.reconcile.problems import apply_problem, invalid_spec, secret_names
+from pagoda.operator.reconcile.problems import INVALID_SPEC_PREFIX, apply_problem, invalid_spec, secret_names
 
 
 class Engine(BaseModel):
@@ -27,6 +32,32 @@ def test_invalid_spec_names_every_field() -> None:
     assert problem.reason == "InvalidSpec" and not problem.retry
     assert "spec.engine.dtype:" in problem.message
     assert "spec.engine.tensorParallelSize:" in problem.message
+
+
+@pytest.mark.parametrize(
+    ("mutate", "rule_message"),
+    [
+        (lambda spec: spec["engine"].update(extraArgs=["--port=9000"]), r.MSG_EXTRA_ARGS),
+        (lambda spec: spec["engine"].update(gpuMemoryUtilization=1.5), r.MSG_GPU_MEMORY),
+        (lambda spec: spec["model"].update(uri="ftp://host/model"), r.MSG_URI),
+        (lambda spec: spec.update(replicas=2), r.MSG_REPLICAS_XOR),
+    ],
+    ids=["owned-flag", "gpu-memory", "uri", "replicas-and-autoscaling"],
+)
+def test_invalid_spec_says_what_admission_says(
+    llama_spec: dict[str, Any],
+    cel_check: Callable[[dict[str, Any]], list[str]],
+    mutate: Callable[[dict[str, Any]], None],
+    rule_message: str,
+) -> None:
+    """The Degraded message of a spec that breaks a rule is the rule's admission message, word for word
+    (no pydantic "Value error, " prefix)."""
+    mutate(llama_spec)
+    obj = {"apiVersion": "pagoda.dev/v1alpha1", "kind": "InferenceService", "metadata": {"name": "m"}}
+    assert cel_check({**obj, "spec": llama_spec}) == [rule_message]
+    with pytest.raises(ValidationError) as caught:
+        InferenceServiceSpec.model_validate(llama_spec)
+    assert invalid_spec(caught.value).message == INVALID_SPEC_PREFIX + rule_message
 
 
 def test_secret_names_from_pod_template() -> None:

@@ -71,9 +71,24 @@ def test_bad_model_uri_names_the_flag_and_the_uri() -> None:
         parse("--model", "gs://b/m")
 
 
-def test_extra_args_may_not_override_owned_flags() -> None:
-    with pytest.raises(ConfigError, match="arguments after --: .*--port"):
-        parse("--model", "file:///m", extra=["--port=9000"])
+@pytest.mark.parametrize(
+    ("extra", "flag"),
+    [
+        (["--port=9000"], "--port"),
+        (["--served_model_name", "other"], "--served-model-name"),
+        (["--served_model_name=other"], "--served-model-name"),
+        (["--enforce-eager", "--api_key", "k"], "--api-key"),
+    ],
+)
+def test_extra_args_may_not_override_owned_flags(extra: list[str], flag: str) -> None:
+    """In any spelling vLLM's parser accepts (it reads `_` in a flag name as `-`)."""
+    with pytest.raises(ConfigError, match=f"arguments after --: .*{flag} is set by pagoda-runtime"):
+        parse("--model", "file:///m", extra=extra)
+
+
+def test_extra_args_that_only_look_like_owned_flags_pass() -> None:
+    config = parse("--model", "file:///m", extra=["--model-impl", "vllm", "--portable=1", "--served-model"])
+    assert config.extra_args == ("--model-impl", "vllm", "--portable=1", "--served-model")
 
 
 def test_cli_exits_2_with_the_flag_in_the_message() -> None:

@@ -26,14 +26,44 @@ def vllm_kv_cache_error(max_model_len: int, needed: int, available: int, estimat
     return str(caught.value)
 
 
+# What vLLM 0.32's EngineCore raised on the CPU backend for the tiny model with VLLM_CPU_KVCACHE_SPACE=1,
+# --max-model-len 262144 and VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (copied from the runtime's log).
+OBSERVED_KV_TOO_SMALL = (
+    "To serve at least one request with the model's max seq len (262144), (2.0 GiB KV cache is needed, "
+    "which is larger than the available KV cache memory (1.0 GiB). Based on the available memory, the "
+    "estimated maximum model length is 130944. Try increasing `gpu_memory_utilization` (which also controls "
+    "CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine. See "
+    "https://docs.vllm.ai/en/latest/configuration/conserving_memory/ for more details."
+)
+
+
+def test_kv_cache_too_small_observed_on_cpu_names_the_arithmetic_and_the_knobs() -> None:
+    root = EngineFailure("ValueError", OBSERVED_KV_TOO_SMALL)
+    fatal = termination.engine_start(CORE_FAILED, root, max_model_len=262144, cpu_kv_space="1")
+    assert fatal.text() == (
+        "ModelDoesNotFit: spec.engine.maxModelLen=262144 needs 2.0 GiB of KV cache but 1.0 GiB is available; "
+        "lower spec.engine.maxModelLen to at most 130944, or raise spec.engine.gpuMemoryUtilization, or add "
+        "GPUs with spec.engine.tensorParallelSize (on CPU: raise VLLM_CPU_KVCACHE_SPACE in spec.runtime.env, "
+        "now 1 GiB)"
+    )
+
+
 def test_kv_cache_too_small_names_the_numbers_and_the_fields() -> None:
     text = vllm_kv_cache_error(4096, needed=2 * GiB, available=GiB // 2, estimate=1024)
     fatal = termination.engine_start(CORE_FAILED, EngineFailure("ValueError", text), max_model_len=4096)
-    assert fatal.reason == "ModelDoesNotFit"
     assert fatal.text() == (
-        "ModelDoesNotFit: maxModelLen 4096 needs KV-cache space for 4096 tokens but the cache holds 1024 "
-        "tokens (2.0 GiB needed, 0.5 GiB available); lower spec.engine.maxModelLen to at most 1024, raise "
-        "spec.engine.gpuMemoryUtilization or add GPUs (spec.engine.tensorParallelSize)"
+        "ModelDoesNotFit: spec.engine.maxModelLen=4096 needs 2.0 GiB of KV cache but 0.5 GiB is available; "
+        "lower spec.engine.maxModelLen to at most 1024, or raise spec.engine.gpuMemoryUtilization, or add "
+        "GPUs with spec.engine.tensorParallelSize"
+    )
+
+
+def test_kv_cache_too_small_to_show_in_gib_names_tokens() -> None:
+    text = vllm_kv_cache_error(2048, needed=2048 * 8192, available=96 * 8192, estimate=96)
+    fatal = termination.engine_start(CORE_FAILED, EngineFailure("ValueError", text), max_model_len=2048)
+    assert fatal.message.startswith(
+        "spec.engine.maxModelLen=2048 needs KV cache for 2048 tokens but only 96 fit; "
+        "lower spec.engine.maxModelLen to at most 96, or raise"
     )
 
 
@@ -41,8 +71,11 @@ def test_kv_cache_smaller_than_one_block_and_the_models_own_length() -> None:
     text = vllm_kv_cache_error(2048, needed=GiB, available=1, estimate=0)
     fatal = termination.engine_start(CORE_FAILED, EngineFailure("ValueError", text), max_model_len=None)
     assert fatal.reason == "ModelDoesNotFit"
-    assert fatal.message.startswith("the model's context length 2048 needs KV-cache space for 2048 tokens")
-    assert "less than one block" in fatal.message and "at most" not in fatal.message
+    assert fatal.message.startswith(
+        "the model's context length 2048 (spec.engine.maxModelLen unset) needs KV cache for 2048 tokens but "
+        "not even one block fits; raise spec.engine.gpuMemoryUtilization"
+    )
+    assert "at most" not in fatal.message
 
 
 def test_no_memory_left_for_the_cache() -> None:

@@ -150,7 +150,10 @@ def test_failing_pod_makes_degraded_with_the_runtimes_reason_and_pod() -> None:
     assert (degraded["status"], degraded["reason"]) == ("True", "ModelDoesNotFit")
     assert degraded["message"].startswith("pod m-6d9-x container runtime: maxModelLen 4096 needs")
     assert "exit code 1, 3 restarts" in degraded["message"]
-    assert conditions(status)["Ready"] == ("False", "ReplicasNotReady")
+    # While replicas are missing, Ready carries the blocker's reason (the Reason column of kubectl get).
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ModelDoesNotFit")
+    assert ready["message"] == "0/2 replicas are ready; the Degraded condition says why"
     # The same pods again: nothing to write; a new restart changes the message, not the transition time.
     again = compute_status(owner(status=status), dep, [], selector=SELECTOR, url=None, now=T1, pods=pods)
     assert not status_changed(status, again)
@@ -181,3 +184,86 @@ def test_pod_recovers_and_degraded_clears() -> None:
         owner(status=failing), deployment(), [], selector=SELECTOR, url=None, now=T1, pods=[healthy]
     )
     assert conditions(status)["Degraded"] == ("False", "Reconciled")
+
+
+GPU_VERDICT = (
+    "0/3 nodes are available: 1 node(s) had untolerated taint(s), 2 Insufficient nvidia.com/gpu. no new "
+    "claims to deallocate, preemption: 0/3 nodes are available: 3 Preemption is not helpful for scheduling."
+)
+QUOTA = (
+    'pods "m-557c56cb76-zvghq" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1, '
+    "used: requests.nvidia.com/gpu=2, limited: requests.nvidia.com/gpu=2"
+)
+
+
+def pending_pod(name: str, message: str = GPU_VERDICT) -> dict[str, Any]:
+    cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    return {
+        "metadata": {"name": name, "namespace": "ns"},
+        "status": {"phase": "Pending", "conditions": [cond]},
+    }
+
+
+def owner_with_spec(status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {**owner(status=status), "spec": {"resources": {"gpu": {"count": 1}}, "replicas": 2}}
+
+
+def test_unschedulable_pod_is_the_blocker_in_ready_and_degraded() -> None:
+    dep = deployment(ready=0, updated=2, available=0)
+    pods = [pending_pod("m-6d9-b"), pending_pod("m-6d9-a")]
+    status = compute_status(owner_with_spec(), dep, [], selector=SELECTOR, url=None, now=T0, pods=pods)
+    assert conditions(status) == {
+        "Ready": ("False", "InsufficientGPU"),
+        "Progressing": ("True", "RollingOut"),
+        "Degraded": ("True", "InsufficientGPU"),
+    }
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["message"].startswith(
+        "pod m-6d9-a cannot be scheduled: no node has 1 free nvidia.com/gpu"
+    )
+    assert "spec.resources.gpu.count" in degraded["message"]
+    # Passes later with the same pods write nothing.
+    again = compute_status(
+        owner_with_spec(status), dep, [], selector=SELECTOR, url=None, now=T1, pods=[*pods]
+    )
+    assert not status_changed(status, again)
+    # Scheduled at last: Ready's reason goes back to the replica count, Degraded clears.
+    done = compute_status(
+        owner_with_spec(status), deployment(), [], selector=SELECTOR, url=None, now=T1, pods=[]
+    )
+    assert conditions(done)["Ready"] == ("True", "ReplicasReady")
+    assert conditions(done)["Degraded"] == ("False", "Reconciled")
+
+
+def test_quota_from_the_deployments_replica_failure() -> None:
+    dep = deployment(replicas=3, ready=2, updated=2, available=2, total=2)
+    dep["status"]["conditions"] = [
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA}
+    ]
+    status = compute_status(owner_with_spec(), dep, [], selector=SELECTOR, url=None, now=T0, pods=[])
+    assert conditions(status)["Degraded"] == ("True", "QuotaExceeded")
+    assert conditions(status)["Ready"] == ("False", "QuotaExceeded")
+    assert status["readySummary"] == "2/3"
+
+
+def test_blockers_most_specific_first() -> None:
+    dep = deployment(ready=0, updated=2, available=0)
+    dep["status"]["conditions"] = [
+        {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA},
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "x"},
+    ]
+    crash = crashing_pod("m-z", DOES_NOT_FIT)
+    pending = pending_pod("m-a")
+
+    def degraded(pods: list[dict[str, Any]], problems: list[Problem] | None = None) -> tuple[str, str]:
+        status = compute_status(
+            owner_with_spec(), dep, problems or [], selector=SELECTOR, url=None, now=T0, pods=pods
+        )
+        return conditions(status)["Degraded"]
+
+    assert degraded([crash, pending], [Problem("SecretNotFound", "x")]) == ("True", "SecretNotFound")
+    assert degraded([crash, pending]) == ("True", "ModelDoesNotFit")  # the runtime's own words
+    assert degraded([pending]) == ("True", "InsufficientGPU")
+    assert degraded([]) == ("True", "QuotaExceeded")
+    dep["status"]["conditions"] = dep["status"]["conditions"][1:]
+    assert degraded([]) == ("True", "RolloutStuck")

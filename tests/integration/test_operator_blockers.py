@@ -1,0 +1,181 @@
+"""Why not Ready, in the InferenceService's own words: what the real scheduler and API server say about its
+pods becomes the Degraded reason (and the Ready reason, the Reason column of `kubectl get`), with a message
+that names the field to change.
+
+The pods run on kwok's fake GPU nodes (two nodes of 8 nvidia.com/gpu, labelled NVIDIA-H100-80GB-HBM3) beside
+the tainted real-pods node, so the scheduler's verdicts are the real ones. An image that cannot be pulled
+is not tested here (kwok pulls nothing): tests/unit/test_reconcile_pods.py covers it, and crash loops run
+for real in e2e/test_real_pods.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import OperatorProcess, wait_until
+from isvc import condition, create, get, patch, wait_ready
+from kubernetes import client
+
+from e2e.cluster import GPU_NODES, Cluster
+
+TAINT_KEY = "pagoda.dev/test-dedicated"
+
+
+def wait_degraded(kube: client.CustomObjectsApi, name: str, namespace: str, reason: str) -> dict[str, Any]:
+    """Waits until Degraded=True with `reason` for the current generation; returns the object."""
+
+    def degraded() -> dict[str, Any] | None:
+        obj = get(kube, name, namespace)
+        cond = condition(obj, "Degraded")
+        current = obj is not None and cond.get("observedGeneration") == obj["metadata"]["generation"]
+        return obj if current and (cond.get("status"), cond.get("reason")) == ("True", reason) else None
+
+    found: dict[str, Any] = wait_until(degraded, f"Degraded=True reason={reason} on {name}", timeout=90)
+    return found
+
+
+def reason_column(cluster: Cluster, name: str, namespace: str) -> str:
+    """The Reason column of `kubectl get infsvc` (the CRD's printer column, evaluated by the API server)."""
+    table = cluster.kubectl("get", "infsvc", name, "-n", namespace).stdout.splitlines()
+    header, row = table[0].split(), table[1].split()
+    return row[header.index("REASON")]
+
+
+def assert_blocked(
+    cluster: Cluster, obj: dict[str, Any], reason: str, fields: list[str], ready: str = "0/2"
+) -> None:
+    degraded = condition(obj, "Degraded")
+    for field in fields:
+        assert field in degraded["message"], (field, degraded["message"])
+    assert (condition(obj, "Ready")["status"], condition(obj, "Ready")["reason"]) == ("False", reason)
+    assert obj["status"]["readySummary"] == ready
+    name, namespace = obj["metadata"]["name"], obj["metadata"]["namespace"]
+    wait_until(
+        lambda: reason_column(cluster, name, namespace) == reason, f"the Reason column to say {reason}"
+    )
+
+
+def test_not_enough_gpus(
+    operator: OperatorProcess, cluster: Cluster, kube: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(kube, "big", namespace, resources={"gpu": {"count": 16}})  # the nodes have 8 each
+    obj = wait_degraded(kube, "big", namespace, "InsufficientGPU")
+    assert_blocked(
+        cluster, obj, "InsufficientGPU", ["no node has 16 free nvidia.com/gpu", "spec.resources.gpu.count"]
+    )
+    assert "Insufficient nvidia.com/gpu" in condition(obj, "Degraded")["message"]  # the scheduler's count
+    # Fixing the field clears it.
+    patch(kube, "big", namespace, {"resources": {"gpu": {"count": 1}}})
+    wait_ready(kube, "big", namespace)
+
+
+def test_no_node_with_the_gpu_product(
+    operator: OperatorProcess, cluster: Cluster, kube: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(kube, "b200", namespace, resources={"gpu": {"count": 1, "product": "NVIDIA-B200"}})
+    obj = wait_degraded(kube, "b200", namespace, "NoMatchingNode")
+    assert_blocked(
+        cluster,
+        obj,
+        "NoMatchingNode",
+        ["nvidia.com/gpu.product=NVIDIA-B200", "spec.resources.gpu.product", "spec.scheduling.nodeSelector"],
+    )
+
+
+@pytest.fixture
+def tainted_gpu_nodes(cluster: Cluster) -> Iterator[str]:
+    """Both kwok GPU nodes tainted NoSchedule (as GPU nodes reserved for one team are); untainted after."""
+    cluster.kubectl("taint", "node", *GPU_NODES, f"{TAINT_KEY}=llm:NoSchedule", "--overwrite")
+    try:
+        yield TAINT_KEY
+    finally:
+        cluster.kubectl("taint", "node", *GPU_NODES, f"{TAINT_KEY}-", check=False)
+
+
+def test_untolerated_taint(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    kube: client.CustomObjectsApi,
+    namespace: str,
+    tainted_gpu_nodes: str,
+) -> None:
+    create(kube, "taint", namespace)
+    obj = wait_degraded(kube, "taint", namespace, "UntoleratedTaint")
+    assert_blocked(cluster, obj, "UntoleratedTaint", ["spec.scheduling.tolerations"])
+    toleration = {"key": tainted_gpu_nodes, "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+    patch(kube, "taint", namespace, {"scheduling": {"tolerations": [toleration]}})
+    wait_ready(kube, "taint", namespace)
+
+
+def test_missing_model_claim(
+    operator: OperatorProcess, cluster: Cluster, kube: client.CustomObjectsApi, namespace: str
+) -> None:
+    create(kube, "pvc", namespace, model={"uri": "pvc://models/llama-3-8b"})
+    obj = wait_degraded(kube, "pvc", namespace, "VolumeClaimNotFound")
+    assert_blocked(
+        cluster,
+        obj,
+        "VolumeClaimNotFound",
+        ["PersistentVolumeClaim models", "spec.model.uri pvc://models/llama-3-8b", f"namespace {namespace}"],
+    )
+
+
+def test_resource_quota_refuses_pods(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    namespace: str,
+) -> None:
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="gpu"),
+        spec=client.V1ResourceQuotaSpec(hard={"requests.nvidia.com/gpu": "1"}),
+    )
+    core = client.CoreV1Api(cluster_api)
+    core.create_namespaced_resource_quota(namespace, quota)
+    # Until the quota controller has set its status, admission refuses pods with "status unknown for quota".
+    wait_until(
+        lambda: (core.read_namespaced_resource_quota("gpu", namespace).status.hard or {}).get(
+            "requests.nvidia.com/gpu"
+        ),
+        "the quota controller to set the ResourceQuota's status",
+    )
+    create(kube, "quota", namespace)  # two replicas of one GPU each: the second is refused
+    wait_degraded(kube, "quota", namespace, "QuotaExceeded")
+    obj = wait_until(
+        lambda: (o := get(kube, "quota", namespace)) and o["status"].get("readySummary") == "1/2" and o,
+        "the pod the quota allows to be ready",
+    )
+    assert_blocked(
+        cluster,
+        obj,
+        "QuotaExceeded",
+        ["ResourceQuota gpu", "limited: requests.nvidia.com/gpu=1", "spec.replicas"],
+        "1/2",
+    )
+
+
+def test_limit_range_refuses_pods(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    namespace: str,
+) -> None:
+    limits = client.V1LimitRange(
+        metadata=client.V1ObjectMeta(name="gpu-max"),
+        spec=client.V1LimitRangeSpec(
+            limits=[client.V1LimitRangeItem(type="Container", max={"nvidia.com/gpu": "1"})]
+        ),
+    )
+    client.CoreV1Api(cluster_api).create_namespaced_limit_range(namespace, limits)
+    create(kube, "limits", namespace, resources={"gpu": {"count": 2}})
+    obj = wait_degraded(kube, "limits", namespace, "AdmissionRejected")
+    assert_blocked(
+        cluster,
+        obj,
+        "AdmissionRejected",
+        ["LimitRange", "maximum nvidia.com/gpu usage per Container is 1, but limit is 2", "spec.resources"],
+    )

@@ -1,0 +1,84 @@
+"""The status the operator computes is one the API's status model (and so the CRD's schema) accepts, field
+for field: the two cannot drift apart."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pagoda.operator.api import CONDITION_TYPES, InferenceServiceStatus
+from pagoda.operator.reconcile.status import Problem, compute_status
+
+NOW = "2026-01-01T00:00:00Z"
+OWNER = {"metadata": {"name": "m", "namespace": "ns", "generation": 3}}
+URL = "http://m.ns.svc:8000"
+
+
+def deployment(replicas: int, ready: int, updated: int, generation_seen: int = 7) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 7},
+        "spec": {"replicas": replicas},
+        "status": {
+            "observedGeneration": generation_seen,
+            "replicas": replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "availableReplicas": ready,
+        },
+    }
+
+
+def crashing_pod() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "m-1"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "runtime",
+                    "restartCount": 3,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1, "message": "ModelNotFound: no such model"}},
+                }
+            ]
+        },
+    }
+
+
+CASES: dict[str, dict[str, Any]] = {
+    "ready": {"deployment": deployment(2, 2, 2), "url": URL},
+    "rolling-out": {"deployment": deployment(3, 1, 1, generation_seen=6), "url": URL},
+    "scaled-to-zero": {"deployment": deployment(0, 0, 0), "url": URL},
+    "degraded-by-a-problem": {
+        "deployment": deployment(2, 2, 2),
+        "problems": [Problem("SecretNotFound", "create hf-token")],
+        "url": URL,
+    },
+    "degraded-by-a-pod": {"deployment": deployment(1, 0, 1), "pods": [crashing_pod()], "url": URL},
+    "invalid-spec-without-url": {"deployment": None, "problems": [Problem("InvalidSpec", "fix it", False)]},
+    "not-created-yet": {"deployment": None, "url": URL},
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_computed_status_is_valid_for_the_status_model(case: dict[str, Any]) -> None:
+    status = compute_status(
+        OWNER,
+        case["deployment"],
+        case.get("problems", []),
+        selector="app.kubernetes.io/name=pagoda-runtime,pagoda.dev/inferenceservice=m",
+        url=case.get("url"),
+        now=NOW,
+        pods=case.get("pods"),
+    )
+    model = InferenceServiceStatus.model_validate(status)  # unknown or mistyped fields fail here
+    assert model.model_dump(by_alias=True, exclude_none=True) == status  # and nothing is lost or renamed
+    assert tuple(condition["type"] for condition in status["conditions"]) == CONDITION_TYPES
+
+
+def test_a_pod_issue_reaches_the_status_model() -> None:
+    """The pod case above really is Degraded by the pod (so the model sees a pod-made message)."""
+    case = CASES["degraded-by-a-pod"]
+    status = compute_status(OWNER, case["deployment"], [], selector="s", url=URL, now=NOW, pods=case["pods"])
+    degraded = InferenceServiceStatus.model_validate(status).conditions[2]
+    assert (degraded.type, degraded.status, degraded.reason) == ("Degraded", "True", "ModelNotFound")
