@@ -6,14 +6,16 @@ removed pods drain: no request fails over the whole run. The scenario is e2e/aut
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 
 import pytest
 
-from e2e.autoscaling import MAX_REPLICAS, MIN_REPLICAS, TARGET_IN_FLIGHT, run_scenario
+from e2e.autoscaling import MAX_REPLICAS, MIN_REPLICAS, NAME, TARGET_IN_FLIGHT, run_scenario
 from e2e.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
 from e2e.processes import OperatorProcess
+from e2e.realpods import get_json, isvc
 from e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -40,6 +42,33 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     last = timeline.samples[-1]
     assert (last.desired, last.ready) == (MIN_REPLICAS, MIN_REPLICAS)
     assert timeline.marks["second_ready"] < timeline.marks["max_ready"] < timeline.marks["load_end"]
+
+    # The InferenceService says what the autoscaler did and why: status.autoscaling and a "Scaled" Event per
+    # scale, e.g. "1 -> 3: in-flight 9.5 per replica over target 4".
+    scaling = isvc(stack.cluster, namespace, NAME)["status"]["autoscaling"]
+    assert (scaling["currentReplicas"], scaling["desiredReplicas"]) == (MIN_REPLICAS, MIN_REPLICAS), scaling
+    assert [(t["name"], t["target"], t["perReplica"]) for t in scaling["triggers"]] == [
+        ("in-flight", str(TARGET_IN_FLIGHT), True)
+    ], scaling
+    assert (scaling["lastScale"]["direction"], scaling["lastScale"]["to"]) == ("Down", MIN_REPLICAS), scaling
+    events = get_json(
+        stack.cluster,
+        "-n",
+        namespace,
+        "events",
+        "--field-selector",
+        f"involvedObject.name={NAME},reason=Scaled",
+    )["items"]
+    scales = [re.fullmatch(r"(\d+) -> (\d+): (.*)", e["message"]) for e in events]
+    assert scales and all(scales), [e["message"] for e in events]
+    ups = [m for m in scales if m and int(m.group(2)) > int(m.group(1))]
+    downs = [m for m in scales if m and int(m.group(2)) < int(m.group(1))]
+    assert ups and max(int(m.group(2)) for m in ups) == MAX_REPLICAS, [e["message"] for e in events]
+    assert all(
+        re.fullmatch(rf"in-flight [\d.]+ per replica over target {TARGET_IN_FLIGHT}", m.group(3)) for m in ups
+    )
+    assert downs and min(int(m.group(2)) for m in downs) == MIN_REPLICAS, [e["message"] for e in events]
+    assert all("under target" in m.group(3) for m in downs), [e["message"] for e in events]
 
     # The dashboard's kube-state-metrics panels show the run: desired and ready replicas went 1 -> 3 -> 1,
     # and "Scaling events" saw the desired count change.

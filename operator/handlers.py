@@ -17,14 +17,18 @@ import kopf
 from pagoda.operator.api import GROUP, PLURAL, VERSION
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.pods import POD_KIND
+from pagoda.operator.reconcile.scaling import HPA_KIND
 from pagoda.operator.reconcile.workqueue import WorkQueue
 from pagoda.operator.resources import CHILD_KINDS, meta
 from pagoda.operator.resources.meta import OWNER_LABEL
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": meta.MANAGED_BY}
 MANAGED_BY_SELECTOR = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())
-# Every kind watched for its owner's sake: the children and the pods of their ReplicaSets.
-WATCHED_KINDS: list[tuple[str, str, str]] = [*CHILD_KINDS, POD_KIND]
+# Kinds watched but never written: the pods of the ReplicaSets (for the Degraded condition) and the HPA
+# that KEDA makes from the ScaledObject, which carries the ScaledObject's labels (for status.autoscaling).
+OBSERVED_KINDS: list[tuple[str, str, str]] = [POD_KIND, HPA_KIND]
+# Every kind watched for its owner's sake.
+WATCHED_KINDS: list[tuple[str, str, str]] = [*CHILD_KINDS, *OBSERVED_KINDS]
 
 
 def configure(settings: kopf.OperatorSettings, watch_timeout: int) -> None:

@@ -18,6 +18,7 @@ from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL
 from pagoda.operator.handlers import MANAGED_BY_SELECTOR, WATCHED_KINDS, build_registry
 from pagoda.operator.reconcile.cache import ObjectCache
+from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
@@ -42,6 +43,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--runtime-image",
         default=DEFAULT_RUNTIME_IMAGE,
         help="runtime image for InferenceServices that set no spec.runtime.image",
+    )
+    parser.add_argument(
+        "--read-capacity",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ask each Ready runtime pod once for its KV-cache capacity (status.capacity); turn off where "
+        "the operator cannot reach pod IPs",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
@@ -119,7 +127,8 @@ async def run(args: argparse.Namespace) -> None:
     for item in await asyncio.to_thread(refresh, kube, cache, args.namespace):
         queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))  # type: ignore[index]
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
-    job = functools.partial(reconcile, kube, cache=cache, default_image=args.runtime_image)
+    capacity = CapacityReader() if args.read_capacity else None
+    job = functools.partial(reconcile, kube, cache=cache, default_image=args.runtime_image, capacity=capacity)
     tasks = [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
     tasks.append(asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds)))
     operator_task = asyncio.create_task(

@@ -57,6 +57,34 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "jsonPath": '.status.conditions[?(@.type=="Degraded")].reason',
         "description": "The Degraded condition's reason (Reconciled when nothing is wrong).",
     },
+    {
+        "name": "Desired",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.autoscaling.desiredReplicas",
+        "description": "Replicas the autoscaler asks for.",
+    },
+    {
+        "name": "Last Scale",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.autoscaling.lastScale.message",
+        "description": "The autoscaler's last change and its cause.",
+    },
+    {
+        "name": "KV Tokens",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.capacity.kvCacheTokens",
+        "description": "Tokens one replica's KV cache holds.",
+    },
+    {
+        "name": "Max Concurrency",
+        "type": "number",
+        "priority": 1,
+        "jsonPath": ".status.capacity.maxConcurrency",
+        "description": "Requests of maxModelLen tokens one replica holds at once.",
+    },
 ]
 
 

@@ -25,6 +25,46 @@ class Condition(ApiModel):
     last_transition_time: str = Field(description="When status last changed (RFC 3339).")
 
 
+class TriggerStatus(ApiModel):
+    """One autoscaling trigger as the HPA last measured it."""
+
+    name: str = Field(max_length=253, description="The ScaledObject trigger (in-flight, queue-depth, ...).")
+    value: str | None = Field(default=None, max_length=64, description="Current value; absent when unknown.")
+    target: str = Field(max_length=64, description="The target the autoscaler holds it to.")
+    per_replica: bool = Field(description="True when value and target are per replica (AverageValue).")
+
+
+class ScaleRecord(ApiModel):
+    """The autoscaler's last change of the replica count."""
+
+    time: str = Field(description="When the HPA last scaled (RFC 3339).")
+    from_: int = Field(alias="from", ge=0, description="Replicas before.")
+    to: int = Field(ge=0, description="Replicas asked for.")
+    direction: Literal["Up", "Down", "None"] = Field(description="Up, Down or None.")
+    message: str = Field(
+        max_length=1024, description='Why, e.g. "1 -> 3: in-flight 14 per replica over target 5".'
+    )
+
+
+class AutoscalingStatus(ApiModel):
+    """What the HorizontalPodAutoscaler that KEDA manages for this service sees and did."""
+
+    current_replicas: int = Field(ge=0, description="Replicas the HPA counted at its last check.")
+    desired_replicas: int = Field(ge=0, description="Replicas the HPA asks for.")
+    triggers: list[TriggerStatus] = Field(default_factory=list, max_length=16, description="Each trigger.")
+    last_scale: ScaleRecord | None = Field(default=None, description="The last scale, with its cause.")
+
+
+class CapacityStatus(ApiModel):
+    """What one replica's KV cache holds, as its runtime reported it once the model was loaded."""
+
+    kv_cache_tokens: int = Field(ge=1, description="Tokens the KV cache of one replica holds.")
+    max_model_len: int = Field(ge=1, description="The longest request (prompt + output) in tokens.")
+    max_concurrency: float = Field(
+        ge=0, description="Requests of maxModelLen tokens that fit at once (kvCacheTokens / maxModelLen)."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService."""
 
@@ -45,4 +85,10 @@ class InferenceServiceStatus(ApiModel):
     )
     url: str | None = Field(
         default=None, description="In-cluster URL of the OpenAI API, http://<name>.<ns>.svc:<port>."
+    )
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="The autoscaler's view (only with spec.autoscaling and KEDA)."
+    )
+    capacity: CapacityStatus | None = Field(
+        default=None, description="KV-cache capacity of the smallest Ready replica (once one is Ready)."
     )

@@ -27,6 +27,7 @@ from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL, InferenceServiceSpec
 from pagoda.operator.reconcile import events
 from pagoda.operator.reconcile.cache import ObjectCache
+from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.compare import matches
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.pods import POD_KIND
@@ -37,7 +38,14 @@ from pagoda.operator.reconcile.problems import (
     secret_names,
     secret_not_found,
 )
-from pagoda.operator.reconcile.status import Problem, compute_status, degraded_now, status_changed
+from pagoda.operator.reconcile.scaling import HPA_KIND, autoscaling_status, hpa_name, scale_event
+from pagoda.operator.reconcile.status import (
+    OPTIONAL_FIELDS,
+    Problem,
+    compute_status,
+    degraded_now,
+    status_changed,
+)
 from pagoda.operator.resources import (
     CHILD_KINDS,
     DEFAULT_RUNTIME_IMAGE,
@@ -80,6 +88,8 @@ class Pass:
     live: dict[ChildKey, Obj]
     pods: list[Obj]
     problems: list[Problem]
+    hpa: Obj | None = None  # the HPA KEDA made from our ScaledObject (watched, not ours to apply)
+    capacity: CapacityReader | None = None
     writes: int = 0
 
     def wrote(self, verb: str, kind: str, child: str) -> None:
@@ -129,11 +139,12 @@ def reconcile(
     now: Callable[[], str] = rfc3339_now,
     cache: ObjectCache | None = None,
     default_image: str = DEFAULT_RUNTIME_IMAGE,
+    capacity: CapacityReader | None = None,
 ) -> Outcome:
     """One pass, counted in the operator's metrics. What it reads: see the module's docstring."""
     started = time.monotonic()
     try:
-        outcome = _reconcile(kube, namespace, name, now, cache, default_image)
+        outcome = _reconcile(kube, namespace, name, now, cache, default_image, capacity)
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason="Exception").inc()
@@ -154,13 +165,15 @@ def _reconcile(
     now: Callable[[], str],
     cache: ObjectCache | None,
     default_image: str,
+    capacity: CapacityReader | None = None,
 ) -> Outcome:
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return Outcome("gone")
     desired, problems = desired_state(owner, namespace, name, default_image)
     live, pods = read_children(kube, cache, namespace, name)
-    p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems)
+    hpa = live.pop((HPA_KIND[1], hpa_name(name)), None)
+    p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems, hpa, capacity)
     try:
         if desired is not None:
             check_secrets(p, desired)
@@ -169,9 +182,13 @@ def _reconcile(
         write_status(p, desired)
     except OwnerGone:
         return Outcome("gone", writes=p.writes)
+    requeue = [RETRY_AFTER_S] if any(problem.retry for problem in p.problems) else []
+    next_ask = capacity.next_ask(p.pods) if capacity is not None else None
+    if next_ask is not None:  # a Ready pod has not told its capacity yet
+        requeue.append(next_ask)
     return Outcome(
         result="error" if p.problems else ("applied" if p.writes else "unchanged"),
-        requeue_after=RETRY_AFTER_S if any(problem.retry for problem in p.problems) else None,
+        requeue_after=min(requeue) if requeue else None,
         writes=p.writes,
         problems=p.problems,
     )
@@ -194,12 +211,18 @@ def desired_state(
 def read_children(
     kube: Kube, cache: ObjectCache | None, namespace: str, name: str
 ) -> tuple[dict[ChildKey, Obj], list[Obj]]:
-    """The owner's live children by (kind, name), and its pods."""
+    """The owner's live children by (kind, name) (with the HPA KEDA made, labelled like our ScaledObject),
+    and its pods."""
     if cache:
         live = cache.children(namespace, name)
         pods = [live.pop(key) for key in [k for k in live if k[0] == POD_KIND[1]]]
         return live, pods
-    return _list_children(kube, namespace, name), _list_pods(kube, namespace, name)
+    live = _list_children(kube, namespace, name)
+    api_version, kind, plural = HPA_KIND
+    for hpa in _list_labelled(kube, api_version, plural, namespace, name):
+        live[(kind, hpa["metadata"]["name"])] = hpa
+    api_version, _kind, plural = POD_KIND
+    return live, _list_labelled(kube, api_version, plural, namespace, name)
 
 
 def apply_children(p: Pass, desired: list[Obj]) -> None:
@@ -271,10 +294,20 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
         now=p.now(),
         pods=p.pods,
     )
+    scaled_object = p.live.get(("ScaledObject", p.name))
+    if p.hpa is not None and scaled_object is not None:
+        status["autoscaling"] = autoscaling_status(p.hpa, scaled_object, previous.get("autoscaling"))
+    capacity = p.capacity.status(p.pods) if p.capacity else None
+    if capacity is not None:
+        status["capacity"] = capacity
+    elif p.capacity is None and previous.get("capacity"):
+        status["capacity"] = previous["capacity"]  # not asked in this pass: keep what was reported
     if not status_changed(previous, status):
         return
+    # A merge patch keeps what it does not name: drop optional fields that no longer apply explicitly.
+    patch = {**status, **{key: None for key in OPTIONAL_FIELDS if key in previous and key not in status}}
     try:
-        written = p.kube.patch_status(API_VERSION, KIND, PLURAL, p.namespace, p.name, status)
+        written = p.kube.patch_status(API_VERSION, KIND, PLURAL, p.namespace, p.name, patch)
     except KubeError as exc:
         if exc.status == 404:  # deleted during the pass
             if p.cache:
@@ -288,6 +321,10 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
     was, became = degraded_now(previous), degraded_now(status)
     if became is not None and (was is None or was.reason != became.reason):
         p.event("Warning", became.reason, became.message)
+    scaled = scale_event(previous.get("autoscaling"), status.get("autoscaling"))
+    if scaled is not None:
+        log.info("Scaled name=%s namespace=%s %s", p.name, p.namespace, scaled)
+        p.event("Normal", "Scaled", scaled)
 
 
 def namespace_terminating(exc: KubeError) -> bool:
@@ -312,8 +349,7 @@ def _list_children(kube: Kube, namespace: str, name: str) -> dict[ChildKey, Obj]
     return found
 
 
-def _list_pods(kube: Kube, namespace: str, name: str) -> list[Obj]:
-    api_version, _kind, plural = POD_KIND
+def _list_labelled(kube: Kube, api_version: str, plural: str, namespace: str, name: str) -> list[Obj]:
     return kube.list(api_version, plural, namespace, f"{OWNER_LABEL}={name}")
 
 

@@ -191,10 +191,16 @@ def degraded_condition(
     return Condition("Degraded", False, "Reconciled", "Every child object matches the spec")
 
 
+# Status fields present only when they apply (a URL, an autoscaler, a reported capacity).
+OPTIONAL_FIELDS = ("url", "autoscaling", "capacity")
+
+
 def status_changed(live: Obj | None, new: Obj) -> bool:
     """True when writing `new` would change the fields of the status that we own."""
     live = live or {}
-    return any(live.get(key) != value for key, value in new.items()) or ("url" in live and "url" not in new)
+    return any(live.get(key) != value for key, value in new.items()) or any(
+        key in live and key not in new for key in OPTIONAL_FIELDS
+    )
 
 
 def degraded_now(status: Obj) -> Condition | None:

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pagoda.operator.reconcile.pods import POD_KIND
+from pagoda.operator.handlers import OBSERVED_KINDS
 from pagoda.operator.resources import CHILD_KINDS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,8 +147,8 @@ def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str
     for api_version, _kind, plural in CHILD_KINDS:  # the operator's own list of child kinds
         group = api_version.rpartition("/")[0]
         expected[(group, plural)] = {"list", "watch", "create", "patch", "delete"}
-    api_version, _kind, plural = POD_KIND  # watched and listed, for the Degraded condition
-    expected[(api_version.rpartition("/")[0], plural)] = {"list", "watch"}
+    for api_version, _kind, plural in OBSERVED_KINDS:  # watched and listed, never written
+        expected[(api_version.rpartition("/")[0], plural)] = {"list", "watch"}
     assert granted == expected
 
 

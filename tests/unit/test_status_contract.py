@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 
 from pagoda.operator.api import CONDITION_TYPES, InferenceServiceStatus
+from pagoda.operator.reconcile.capacity import CapacityReader
+from pagoda.operator.reconcile.scaling import autoscaling_status
 from pagoda.operator.reconcile.status import Problem, compute_status
+from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa
 
 NOW = "2026-01-01T00:00:00Z"
 OWNER = {"metadata": {"name": "m", "namespace": "ns", "generation": 3}}
@@ -82,3 +85,17 @@ def test_a_pod_issue_reaches_the_status_model() -> None:
     status = compute_status(OWNER, case["deployment"], [], selector="s", url=URL, now=NOW, pods=case["pods"])
     degraded = InferenceServiceStatus.model_validate(status).conditions[2]
     assert (degraded.type, degraded.status, degraded.reason) == ("Degraded", "True", "ModelNotFound")
+
+
+def test_autoscaling_and_capacity_fields_fit_the_status_model() -> None:
+    status = compute_status(OWNER, deployment(3, 3, 3), [], selector="a=b", url=URL, now=NOW)
+    before = autoscaling_status(hpa(1, 1, "0", "0", None), SCALED_OBJECT, None)
+    status["autoscaling"] = autoscaling_status(hpa(1, 3, "14", "350m", NOW), SCALED_OBJECT, before)
+    answer = {"kvCacheTokens": 131072, "maxModelLen": 2048, "maxConcurrency": 64.0, "blockSize": 128}
+    pod = {
+        "metadata": {"uid": "u1"},
+        "status": {"podIP": "10.244.128.2", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    status["capacity"] = CapacityReader(lambda url, timeout: answer).status([pod])
+    model = InferenceServiceStatus.model_validate(status)
+    assert model.model_dump(by_alias=True, exclude_none=True) == status

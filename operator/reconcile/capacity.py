@@ -1,0 +1,127 @@
+"""How much a service's replicas hold: the KV-cache capacity each runtime reports once its model is loaded.
+
+The runtime answers `GET /v1/pagoda/capacity` with `{"kvCacheTokens", "maxModelLen", "maxConcurrency",
+"blockSize"}` (runtime/capacity.py; 503 while loading). The numbers are fixed for a pod's life, so the
+operator asks each Ready pod once and remembers the answer by pod uid; a failed ask is retried after
+`retry_after` seconds, doubling with each failure up to `max_retry_after` (a pod the operator cannot reach,
+e.g. behind a NetworkPolicy, costs one short ask every half hour). What a pass costs is bounded: at most
+`per_pass` asks, each with a short timeout, and none for a pod already answered. `status.capacity` is the
+smallest replica's (during a rollout the old and new pods can differ; the smaller is what a client can
+count on).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+from pagoda.operator.resources.meta import HTTP_PORT
+
+Obj = dict[str, Any]
+Fetch = Callable[[str, float], Obj]
+CAPACITY_PATH = "/v1/pagoda/capacity"
+
+
+def http_fetch(url: str, timeout: float) -> Obj:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http to a pod IP)
+        body = json.load(response)
+    if not isinstance(body, dict):
+        raise ValueError(f"{url} answered {body!r}, not an object")
+    return body
+
+
+def pod_ready(pod: Obj) -> bool:
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def _capacity(body: Obj) -> Obj | None:
+    """The fields of the runtime's answer that go into the status; None when they are missing."""
+    try:
+        tokens, length = int(body["kvCacheTokens"]), int(body["maxModelLen"])
+        concurrency = round(float(body["maxConcurrency"]), 2)
+    except (KeyError, TypeError, ValueError):
+        return None
+    if tokens <= 0 or length <= 0:
+        return None
+    return {"kvCacheTokens": tokens, "maxModelLen": length, "maxConcurrency": concurrency}
+
+
+class CapacityReader:
+    """Asks Ready pods for their capacity, once per pod; safe to share between reconcile workers."""
+
+    def __init__(
+        self,
+        fetch: Fetch = http_fetch,
+        *,
+        port: int = HTTP_PORT,
+        timeout: float = 2.0,
+        retry_after: float = 60.0,
+        max_retry_after: float = 1800.0,
+        per_pass: int = 4,
+        remembered: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fetch, self._port, self._timeout = fetch, port, timeout
+        self._retry_after, self._max_retry_after = retry_after, max_retry_after
+        self._per_pass, self._remembered = per_pass, remembered
+        self._clock = clock
+        self._lock = threading.Lock()
+        # pod uid -> its capacity, or (the monotonic time after which a failed ask may be repeated, failures)
+        self._known: OrderedDict[str, Obj | tuple[float, int]] = OrderedDict()
+
+    def status(self, pods: list[Obj]) -> Obj | None:
+        """`status.capacity` from the Ready pods of one service (asking those not asked yet); None when no
+        Ready pod has answered."""
+        answers: list[Obj] = []
+        asked = 0
+        for pod in pods:
+            uid = str((pod.get("metadata") or {}).get("uid") or "")
+            ip = (pod.get("status") or {}).get("podIP")
+            if not uid or not ip or not pod_ready(pod):
+                continue
+            with self._lock:
+                known = self._known.get(uid)
+            if isinstance(known, dict):
+                answers.append(known)
+                continue
+            if (known is not None and self._clock() < known[0]) or asked >= self._per_pass:
+                continue
+            asked += 1
+            answer = self._ask(str(ip))
+            failures = known[1] + 1 if known is not None else 1
+            delay = min(self._retry_after * 2 ** (failures - 1), self._max_retry_after)
+            with self._lock:
+                self._known[uid] = answer if answer is not None else (self._clock() + delay, failures)
+                while len(self._known) > self._remembered:
+                    self._known.popitem(last=False)
+            if answer is not None:
+                answers.append(answer)
+        if not answers:
+            return None
+        return min(answers, key=lambda a: (a["kvCacheTokens"], a["maxConcurrency"]))
+
+    def next_ask(self, pods: list[Obj]) -> float | None:
+        """Seconds until a Ready pod that has not answered may be asked again (when to repeat the pass);
+        None when every Ready pod has answered."""
+        waits = []
+        with self._lock:
+            for pod in pods:
+                known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
+                if pod_ready(pod) and (pod.get("status") or {}).get("podIP") and not isinstance(known, dict):
+                    waits.append(max(known[0] - self._clock(), 1.0) if known is not None else 1.0)
+        return min(waits) if waits else None
+
+    def _ask(self, ip: str) -> Obj | None:
+        host = f"[{ip}]" if ":" in ip else ip
+        try:
+            return _capacity(self._fetch(f"http://{host}:{self._port}{CAPACITY_PATH}", self._timeout))
+        except (OSError, ValueError):  # unreachable, 503 while loading (HTTPError is an OSError), bad JSON
+            return None
