@@ -116,6 +116,32 @@ def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: 
         assert reply.status_code == 200, reply.text
         assert reply.json()["usage"]["completion_tokens"] > 0
 
+    # What one replica holds, as the runtimes say it, reaches the status and `kubectl get -o wide`.
+    answers = [
+        httpx.get(f"http://{p['status']['podIP']}:8000/v1/pagoda/capacity", timeout=10).json()
+        for p in running
+    ]
+    smallest = min(answers, key=lambda a: a["kvCacheTokens"])
+    assert smallest["kvCacheTokens"] >= smallest["maxModelLen"] > 0, answers
+
+    def reported() -> dict[str, Any] | None:
+        found: dict[str, Any] | None = get_json(cluster, "-n", serving, "inferenceservice", "tiny")[
+            "status"
+        ].get("capacity")
+        return found
+
+    capacity = wait_until(reported, "status.capacity", timeout=120, interval=1)
+    assert capacity == {
+        "kvCacheTokens": smallest["kvCacheTokens"],
+        "maxModelLen": smallest["maxModelLen"],
+        "maxConcurrency": round(smallest["maxConcurrency"], 2),
+    }
+    header, row = cluster.kubectl(
+        "-n", serving, "get", "inferenceservice", "tiny", "-o", "wide"
+    ).stdout.splitlines()
+    assert "KV TOKENS" in header and "MAX CONCURRENCY" in header, header
+    assert str(smallest["kvCacheTokens"]) in row.split(), row
+
 
 def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: str) -> None:
     victim = ready_pods(cluster, serving, "tiny")[0]
