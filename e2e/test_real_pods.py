@@ -2,13 +2,14 @@
 with their own network namespace and pod IP.
 
 One two-replica service (examples/tiny-cpu.yaml) in a namespace that enforces the `restricted` Pod Security
-Standard serves the first three tests, in order:
+Standard serves the first four tests, in order:
 1. its pods are admitted, Running at pod IPs of the agent's range, Ready from their own readiness probes,
    listed Ready in the Service's EndpointSlice, and answer chat requests at those IPs;
 2. deleting a pod under load (preStop, SIGTERM, drain; the Deployment's replacement takes over) fails no
    request, and the old pod's network namespace is gone;
-3. a spec change under load rolls the Deployment (surge, nothing unavailable) and fails no request.
-4. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
+3. a spec change under load rolls the Deployment (surge, nothing unavailable) and fails no request;
+4. so does a scheduled restart (spec.restartSchedule), and the status shows the last and the next restart.
+5. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
    turns Degraded with the runtime's own reason.
 The load is spread over the Ready endpoints of the Service's EndpointSlices, as a Service would.
 """
@@ -36,6 +37,7 @@ from e2e.realpods import (
     ready_pods,
     wait_condition,
 )
+from pagoda.operator.resources.meta import RESTARTED_AT_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
 REPLICAS = 2
@@ -189,6 +191,61 @@ def test_a_spec_change_under_load_rolls_with_no_failed_request(cluster: Cluster,
     assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--drain-timeout") + 1] == "12"
+
+
+def test_a_scheduled_restart_under_load_rolls_with_no_failed_request(cluster: Cluster, serving: str) -> None:
+    """spec.restartSchedule: one interval after it is added, the operator stamps the pod template
+    (pagoda.dev/restartedAt), both pods roll under load with no failed request, and the status shows the
+    last and the next restart. The schedule is removed once the restart began, so exactly one happens."""
+    before = {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")}
+
+    def isvc_restarts() -> dict[str, Any]:
+        found: dict[str, Any] = (
+            get_json(cluster, "-n", serving, "inferenceservice", "tiny")["status"].get("restarts") or {}
+        )
+        return found
+
+    def stamp() -> str | None:
+        template = get_json(cluster, "-n", serving, "deployment", "tiny")["spec"]["template"]
+        found: str | None = (template["metadata"].get("annotations") or {}).get(RESTARTED_AT_ANNOTATION)
+        return found
+
+    def set_schedule(schedule: dict[str, Any] | None) -> None:
+        patch = {"spec": {"restartSchedule": schedule}}
+        cluster.kubectl(
+            "patch", "inferenceservice", "tiny", "-n", serving, "--type=merge", "-p", yaml.safe_dump(patch)
+        )
+
+    assert stamp() is None
+    endpoints, load = under_load(cluster, serving)
+    try:
+        set_schedule({"every": "1m"})
+        planned = wait_until(lambda: isvc_restarts().get("next"), "status.restarts.next", timeout=60)
+        restarted_at = wait_until(stamp, "the scheduled restart", timeout=180, interval=1)
+        assert restarted_at >= planned
+        wait_until(
+            lambda: isvc_restarts().get("last") == restarted_at,
+            "status.restarts.last",
+            timeout=60,
+            interval=1,
+        )
+        set_schedule(None)  # one restart only: the next would be due as soon as this rollout completes
+        wait_until(
+            lambda: not before & {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")},
+            "every pod to be replaced",
+            timeout=600,
+            interval=1,
+        )
+        wait_ready_replicas(cluster, serving, "tiny", REPLICAS)
+    finally:
+        load.stop()
+        endpoints.stop()
+    print(f"Scheduled restart under load: completed={load.completed} failed={len(load.failures)}")
+    assert load.failures == [], load.failures
+    assert load.completed > 0
+    assert stamp() == restarted_at  # the last restart stays on the template: nothing rolled again
+    assert isvc_restarts() == {}
+    assert len(ready_pods(cluster, serving, "tiny")) == REPLICAS
 
 
 def test_a_runtime_that_cannot_start_crashes_with_its_reason(

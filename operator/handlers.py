@@ -10,6 +10,7 @@ Deployment's readiness, and a crashing pod's reason reaches the Degraded conditi
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
@@ -31,6 +32,21 @@ OBSERVED_KINDS: list[tuple[str, str, str]] = [POD_KIND, HPA_KIND]
 WATCHED_KINDS: list[tuple[str, str, str]] = [*CHILD_KINDS, *OBSERVED_KINDS]
 
 
+class NoDiffBase(kopf.DiffBaseStorage):
+    """No diff base: kopf's change detection serves on.create/on.update handlers, and only on.event
+    handlers are registered. kopf's own storages deep-copied every watched object on every event to build
+    one (a quarter of the operator's event-loop time while 500 services were created)."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None) -> kopf.BodyEssence:
+        return None  # type: ignore[return-value]  # kopf skips the diff when there is no essence
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        pass  # nothing is kept: nothing would read it
+
+
 def configure(settings: kopf.OperatorSettings, watch_timeout: int) -> None:
     """kopf settings that keep it from writing to user objects or posting its own Events."""
     settings.posting.enabled = False  # we record our own Events, only for real changes
@@ -41,7 +57,7 @@ def configure(settings: kopf.OperatorSettings, watch_timeout: int) -> None:
     settings.networking.request_timeout = 60
     # Unused while only event handlers are registered; set so that nothing would land in annotations.
     settings.persistence.progress_storage = kopf.StatusProgressStorage(field="status.kopf")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="pagoda.dev")
+    settings.persistence.diffbase_storage = NoDiffBase()
     # Server-side filtering: the API server sends only Pagoda's objects (not every pod in the cluster).
     for api_version, _kind, plural in WATCHED_KINDS:
         settings.watching.label_selectors[api_version, plural] = MANAGED_BY_SELECTOR

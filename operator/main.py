@@ -17,6 +17,7 @@ from kubernetes import client, config
 from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL
 from pagoda.operator.handlers import MANAGED_BY_SELECTOR, WATCHED_KINDS, build_registry
+from pagoda.operator.reconcile.adapters import AdapterSync
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.core import reconcile
@@ -128,7 +129,14 @@ async def run(args: argparse.Namespace) -> None:
         queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))  # type: ignore[index]
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
     capacity = CapacityReader() if args.read_capacity else None
-    job = functools.partial(reconcile, kube, cache=cache, default_image=args.runtime_image, capacity=capacity)
+    job = functools.partial(
+        reconcile,
+        kube,
+        cache=cache,
+        default_image=args.runtime_image,
+        capacity=capacity,
+        adapters=AdapterSync(),
+    )
     tasks = [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
     tasks.append(asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds)))
     operator_task = asyncio.create_task(

@@ -1,4 +1,4 @@
-"""`pagoda-runtime`: `serve` (the runtime) and `make-tiny-model` (the test model)."""
+"""`pagoda-runtime`: `serve` (the runtime); `make-tiny-model` and `make-tiny-adapter` (for tests)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def _parser() -> argparse.ArgumentParser:
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random-weight Llama (nothing downloaded)")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
+    adapter = sub.add_parser(
+        "make-tiny-adapter", help="write a random-weight LoRA adapter (PEFT format) for a tiny model"
+    )
+    adapter.add_argument("--model", required=True, help="the base model's directory (its config.json)")
+    adapter.add_argument("--out", required=True, help="the adapter's directory (created)")
+    adapter.add_argument("--rank", type=int, default=8)
+    adapter.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -86,9 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     _setup_logging()
+    if ns.command != "serve" and extra:
+        parser.error(f"{ns.command} takes no arguments after --")
+    if ns.command == "make-tiny-adapter":
+        from pagoda.runtime.tinyadapter import TinyAdapterSpec, make_tiny_adapter
+
+        if ns.rank < 1:
+            parser.error(f"--rank: must be at least 1 (got {ns.rank})")
+        make_tiny_adapter(ns.model, ns.out, TinyAdapterSpec(rank=ns.rank, seed=ns.seed))
+        return 0
     if ns.command == "make-tiny-model":
-        if extra:
-            parser.error("make-tiny-model takes no arguments after --")
         from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model
 
         make_tiny_model(ns.directory, TinyModelSpec(seed=ns.seed))

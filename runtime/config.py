@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from pagoda.runtime import vllmflags
+from pagoda.runtime.lora import AdapterError, parse_lora_flag
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri
 
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
 
 
 class ConfigError(ValueError):
@@ -41,6 +43,11 @@ class ServeConfig(BaseModel):
     block_size: int | None = None
     enable_prefix_caching: bool | None = None
     max_num_seqs: int | None = Field(default=None, ge=1, le=65_536)
+    enable_lora: bool = False
+    max_loras: int | None = Field(default=None, ge=1, le=1024)
+    max_lora_rank: int | None = None
+    max_cpu_loras: int | None = Field(default=None, ge=1, le=65_536)
+    lora: tuple[str, ...] = ()  # NAME=SOURCE, loaded at start (validated after the limits)
     drain_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)
     cache_dir: str = "/var/cache/pagoda"
     extra_args: tuple[str, ...] = ()
@@ -61,6 +68,46 @@ class ServeConfig(BaseModel):
             raise ValueError(f"must be one of {', '.join(map(str, BLOCK_SIZES))}")
         return value
 
+    @field_validator("lora")
+    @classmethod
+    def _lora(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        served = info.data.get("served_model_name")
+        if served is None and "model" in info.data:
+            served = parse_model_uri(info.data["model"]).default_name
+        names: set[str] = set()
+        for flag in value:
+            try:
+                name, _ = parse_lora_flag(flag)
+            except AdapterError as exc:
+                raise ValueError(str(exc)) from None
+            if name in names:
+                raise ValueError(f"adapter {name!r} is given twice")
+            if name == served:
+                raise ValueError(f"adapter {name!r} has the served model's name")
+            names.add(name)
+        limit = info.data.get("max_cpu_loras") or info.data.get("max_loras") or 1
+        if len(names) > limit:
+            raise ValueError(
+                f"{len(names)} adapters but a replica holds at most {limit} "
+                "(--max-cpu-loras, which defaults to --max-loras, 1)"
+            )
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _max_lora_rank(cls, value: int | None) -> int | None:
+        if value is not None and value not in LORA_RANKS:
+            raise ValueError(f"must be one of {', '.join(map(str, LORA_RANKS))}")
+        return value
+
+    @field_validator("max_cpu_loras")
+    @classmethod
+    def _max_cpu_loras(cls, value: int | None, info: ValidationInfo) -> int | None:
+        max_loras = info.data.get("max_loras") or 1
+        if value is not None and value < max_loras:
+            raise ValueError(f"must be at least --max-loras ({max_loras})")
+        return value
+
     @field_validator("extra_args")
     @classmethod
     def _no_owned_flags(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -69,6 +116,12 @@ class ServeConfig(BaseModel):
             if owned := vllmflags.owned(arg):
                 raise ValueError(f"{owned} is set by pagoda-runtime itself; use its own flag instead")
         return value
+
+    @property
+    def lora_enabled(self) -> bool:
+        """--enable-lora, or any other LoRA flag (which imply it)."""
+        limits = (self.max_loras, self.max_lora_rank, self.max_cpu_loras)
+        return self.enable_lora or bool(self.lora) or any(v is not None for v in limits)
 
     @property
     def name(self) -> str:
@@ -97,6 +150,14 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False
     )
     parser.add_argument("--max-num-seqs")
+    lora = parser.add_argument_group("LoRA adapters (any of these turns LoRA on)")
+    lora.add_argument("--enable-lora", action="store_const", const=True, help="serve LoRA adapters")
+    lora.add_argument(
+        "--lora", action="append", metavar="NAME=SOURCE", help="an adapter loaded at start (repeatable)"
+    )
+    lora.add_argument("--max-loras", help="adapters in one batch (vLLM's --max-loras, default 1)")
+    lora.add_argument("--max-lora-rank", help=f"highest adapter rank: {'|'.join(map(str, LORA_RANKS))}")
+    lora.add_argument("--max-cpu-loras", help="adapters held in memory, the most a replica serves")
     parser.add_argument("--drain-timeout", default="30", help="seconds to finish requests after SIGTERM")
     parser.add_argument("--cache-dir", default="/var/cache/pagoda", help="where hf:// and s3:// models go")
 
@@ -104,6 +165,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
 def config_from_args(ns: argparse.Namespace, extra_args: list[str]) -> ServeConfig:
     values = {k: v for k, v in vars(ns).items() if k in ServeConfig.model_fields and v is not None}
     values["extra_args"] = tuple(extra_args)
+    if "lora" in values:
+        values["lora"] = tuple(values["lora"])
     try:
         return ServeConfig.model_validate(values)
     except ValidationError as exc:

@@ -20,6 +20,7 @@ from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 from pagoda.runtime import vllmflags
+from pagoda.runtime.adapters import adapter_engine_class
 from pagoda.runtime.config import ServeConfig
 
 log = logging.getLogger("pagoda.runtime.engine")
@@ -71,6 +72,14 @@ def vllm_argv(config: ServeConfig, model_path: str) -> list[str]:
     for flag, value in optional.items():
         if value is not None:
             argv += [flag, str(value)]
+    if config.lora_enabled:  # the adapters themselves are loaded by the runtime (adapters.py), not vLLM
+        argv.append("--enable-lora")
+        lora = {
+            "--max-loras": config.max_loras,
+            "--max-lora-rank": config.max_lora_rank,
+            "--max-cpu-loras": config.max_cpu_loras,
+        }
+        argv += [x for flag, value in lora.items() if value is not None for x in (flag, str(value))]
     if config.enable_prefix_caching is not None:
         argv.append(
             "--enable-prefix-caching" if config.enable_prefix_caching else "--no-enable-prefix-caching"
@@ -138,7 +147,9 @@ def create_engine(args: argparse.Namespace) -> Any:
     engine_args = AsyncEngineArgs.from_cli_args(args)
     propagate_flash_late_interaction(args, engine_args)
     vllm_config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
-    return AsyncLLM.from_vllm_config(
+    # With LoRA on, a subclass that counts and drains each adapter's requests (adapters.py).
+    cls = adapter_engine_class() if engine_args.enable_lora else AsyncLLM
+    return cls.from_vllm_config(
         vllm_config=vllm_config,
         usage_context=UsageContext.OPENAI_API_SERVER,
         enable_log_requests=engine_args.enable_log_requests,

@@ -12,6 +12,7 @@ import signal
 import socket
 import time
 from contextlib import AsyncExitStack
+from pathlib import Path
 from typing import Any
 
 import psutil  # type: ignore[import-untyped,unused-ignore]
@@ -19,7 +20,9 @@ import uvicorn
 
 from pagoda.runtime import capacity, enginefailure, sources, termination
 from pagoda.runtime import engine as eng
+from pagoda.runtime.adapters import AdapterManager, attach_routes
 from pagoda.runtime.config import ServeConfig
+from pagoda.runtime.lora import parse_lora_flag
 from pagoda.runtime.server import PagodaApp, RuntimeState
 
 log = logging.getLogger("pagoda.runtime")
@@ -88,7 +91,8 @@ class Runtime:
     def __init__(self, config: ServeConfig, vllm_args: Any) -> None:
         self.config = config
         self.vllm_args = vllm_args
-        self.state = RuntimeState(config.name)
+        adapters = AdapterManager(config.name, config.cache_dir, config.drain_timeout, config.lora_enabled)
+        self.state = RuntimeState(config.name, adapters)
         self.stop = asyncio.Event()
         self.exit_code = 0
         self.started = time.monotonic()
@@ -153,7 +157,7 @@ class Runtime:
         stopped.cancel()
         try:
             self.state.engine = loading.result()
-            self.state.inner = await eng.build_vllm_app(self.state.engine, args, server, stack)
+            app = await eng.build_vllm_app(self.state.engine, args, server, stack)
             self.state.engine_registry = _engine_registry()
         except Exception as exc:
             log.error("Failed to load model uri=%s error=%s: %s", config.model, type(exc).__name__, exc)
@@ -165,6 +169,8 @@ class Runtime:
             termination.write(fatal)
             self.request_stop("model load failed", exit_code=1)
             return
+        await self._start_adapters(app, Path(args.model))
+        self.state.inner = app  # ready from here
         self.state.status.model_load_seconds = time.monotonic() - self.started
         kv = self.state.status.kv_cache = capacity.from_vllm_config(self.state.engine.vllm_config)
         log.info(
@@ -178,6 +184,14 @@ class Runtime:
         watchdog = asyncio.create_task(self._watch_engine())
         await self.stop.wait()
         watchdog.cancel()
+
+    async def _start_adapters(self, app: Any, base_dir: Path) -> None:
+        """The adapters API on vLLM's app, and the --lora adapters loaded before the pod is ready."""
+        manager = self.state.adapters
+        assert manager is not None
+        manager.attach(self.state.engine, app.state.openai_serving_models, base_dir)
+        attach_routes(app, manager)
+        await manager.load_at_start([parse_lora_flag(flag) for flag in self.config.lora])
 
     async def _watch_engine(self) -> None:
         while not self.stop.is_set():

@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pagoda.runtime.capacity import KvCacheCapacity
+from pagoda.runtime.lora import AdapterTracker
 
 WAITING = ("vllm:num_requests_waiting",)
 RUNNING = ("vllm:num_requests_running",)
@@ -38,6 +39,7 @@ class ServerStatus:
     model_load_seconds: float = 0.0
     rejected_draining: int = 0
     kv_cache: KvCacheCapacity | None = None  # once the engine is loaded
+    adapters: AdapterTracker | None = None  # with LoRA on: per-adapter counts
 
 
 def _values(families: Iterable[Metric], names: Sequence[str], model_name: str) -> list[float]:
@@ -97,7 +99,26 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
             kv.max_concurrency if kv else 0.0,
         ),
         rejected,
+        *adapter_families(status),
     ]
+
+
+def adapter_families(status: ServerStatus) -> list[Metric]:
+    """Requests and generated tokens per LoRA adapter (label `adapter`, the name clients send as `model`),
+    counted since start, also after the adapter is unloaded. None without LoRA."""
+    if status.adapters is None:
+        return []
+    labels = ["model_name", "adapter"]
+    requests = CounterMetricFamily(
+        "pagoda_lora_requests", "Requests the engine served through each LoRA adapter.", labels=labels
+    )
+    tokens = CounterMetricFamily(
+        "pagoda_lora_generation_tokens", "Tokens generated through each LoRA adapter.", labels=labels
+    )
+    for name, counts in sorted(status.adapters.counts.items()):
+        requests.add_metric([status.model_name, name], counts.requests)
+        tokens.add_metric([status.model_name, name], counts.generation_tokens)
+    return [requests, tokens]
 
 
 class _Families:

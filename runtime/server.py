@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from pagoda.runtime import capacity, metrics
+from pagoda.runtime.adapters import AdapterManager
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -27,8 +28,11 @@ RETRY_AFTER_DRAINING = "1"
 class RuntimeState:
     """Shared between the ASGI app, the lifecycle and the metrics collector."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, adapters: AdapterManager | None = None) -> None:
         self.status = metrics.ServerStatus(model_name=model_name)
+        self.adapters = adapters
+        if adapters is not None and adapters.enabled:
+            self.status.adapters = adapters.tracker
         self.inner: ASGIApp | None = None
         self.engine: Any = None  # vllm EngineClient once built
         self.engine_registry: Any = None

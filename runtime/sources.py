@@ -126,11 +126,17 @@ def check_model_dir(uri: str, path: Path) -> Path:
 
 def resolve(source: ModelSource, cache_dir: str, revision: str | None = None) -> Path:
     """Return a local model directory, downloading it first for hf:// and s3://. Blocking."""
+    return check_model_dir(source.uri, fetch(source, cache_dir, revision))
+
+
+def fetch(source: ModelSource, cache_dir: str, revision: str | None = None) -> Path:
+    """The local directory behind `source`, downloaded first for hf:// and s3:// (unchecked; LoRA adapters
+    use this too). Blocking."""
     if source.scheme in ("file", "pvc"):
-        return check_model_dir(source.uri, Path(source.location))
+        return Path(source.location)
     if source.scheme == "hf":
-        return check_model_dir(source.uri, _resolve_hf(source, Path(cache_dir) / "hf", revision))
-    return check_model_dir(source.uri, _resolve_s3(source, Path(cache_dir) / "s3"))
+        return _resolve_hf(source, Path(cache_dir) / "hf", revision)
+    return _resolve_s3(source, Path(cache_dir) / "s3")
 
 
 class _Progress:

@@ -13,7 +13,20 @@ from __future__ import annotations
 
 import argparse
 
-OWNED_FLAGS = ("--model", "--host", "--port", "--served-model-name", "--uds", "--api-key")
+OWNED_FLAGS = (
+    "--model",
+    "--host",
+    "--port",
+    "--served-model-name",
+    "--uds",
+    "--api-key",
+    # LoRA: the runtime's own flags set these, and it loads the adapters itself (runtime/adapters.py).
+    "--enable-lora",
+    "--max-loras",
+    "--max-lora-rank",
+    "--max-cpu-loras",
+    "--lora-modules",
+)
 
 _TLS = "the runtime serves plain HTTP: terminate TLS in front of it (a gateway or a service mesh)"
 _ACCESS_LOG = "the runtime's HTTP server logs warnings only and writes no access log"

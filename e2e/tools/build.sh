@@ -2,15 +2,17 @@
 # Builds the local control plane's programs from the Go module in this folder (versions pinned in go.mod),
 # and, each from a module of its own (apart so that their dependency graphs never meet the Kubernetes pins):
 # the MinIO server for the s3:// model-source test (minio/go.mod), KEDA's operator and metrics adapter
-# (keda/go.mod) and kube-state-metrics (kube-state-metrics/go.mod), the e2e add-ons. Copies the third-party
-# CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the Prometheus Operator's pinned below).
+# (keda/go.mod) and kube-state-metrics (kube-state-metrics/go.mod), the e2e add-ons, and dashboard-lint
+# (dashboard-lint/go.mod: checks the chart's Grafana dashboards against Grafana's schema, for the unit tests).
+# Copies the third-party CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the Prometheus
+# Operator's pinned below).
 #
 #   bash e2e/tools/build.sh OUTDIR      (the Makefile runs: bash e2e/tools/build.sh .pagoda-dev/bin)
 #
 # OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, minio,
-# keda-operator, keda-adapter, kube-state-metrics and crds/*.yaml. Idempotent: OUTDIR/.build-stamp holds a
-# hash of every module's go.mod and go.sum and this script; when it matches and every output exists, nothing
-# is done. Go's module and build caches make a rebuild after a version change incremental.
+# keda-operator, keda-adapter, kube-state-metrics, dashboard-lint and crds/*.yaml. Idempotent:
+# OUTDIR/.build-stamp holds a hash of every module's go.mod and go.sum and this script; when it matches and
+# every output exists, nothing is done. Go's module and build caches make a rebuild after a version change incremental.
 set -euo pipefail
 
 KEDA_MODULE=github.com/kedacore/keda/v2
@@ -19,7 +21,7 @@ PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.85.0
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm minio
-    keda-operator keda-adapter kube-state-metrics)
+    keda-operator keda-adapter kube-state-metrics dashboard-lint)
 # All six of KEDA's CRDs (its operator watches every kind), then the Prometheus Operator's two.
 KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml
     keda.sh_clustertriggerauthentications.yaml eventing.keda.sh_cloudeventsources.yaml
@@ -39,7 +41,8 @@ mkdir -p "$1/crds"
 out="$(cd "$1" && pwd)"
 
 stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/minio/go.mod" "$here/minio/go.sum" \
-    "$here/keda/go.mod" "$here/keda/go.sum" "$here/kube-state-metrics/go.mod" "$here/kube-state-metrics/go.sum" |
+    "$here/keda/go.mod" "$here/keda/go.sum" "$here/kube-state-metrics/go.mod" "$here/kube-state-metrics/go.sum" \
+    "$here/dashboard-lint/go.mod" "$here/dashboard-lint/go.sum" |
     sha1sum | cut -c1-16)"
 current=1
 [[ "$(cat "$out/.build-stamp" 2>/dev/null)" == "$stamp" ]] || current=0
@@ -95,6 +98,10 @@ build_kube_state_metrics() {
         go build "${build_flags[@]}" -ldflags="-s -w $ksm_x" -o "$out/kube-state-metrics" "$KSM_MODULE")
 }
 
+build_dashboard_lint() {
+    (cd "$here/dashboard-lint" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/dashboard-lint" .)
+}
+
 module_dir() {
     go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
@@ -135,6 +142,7 @@ step "build minio (github.com/minio/minio, module minio/)" build_minio
 step "build keda-operator ($KEDA_MODULE $keda_version, module keda/)" build_keda operator
 step "build keda-adapter ($KEDA_MODULE $keda_version, module keda/)" build_keda adapter
 step "build kube-state-metrics ($KSM_MODULE $ksm_version, module kube-state-metrics/)" build_kube_state_metrics
+step "build dashboard-lint (github.com/grafana/grafana-foundation-sdk/go, module dashboard-lint/)" build_dashboard_lint
 step "copy kwok's default stages" copy_kwok_stages
 step "copy CRDs (KEDA $keda_version, Prometheus Operator $PROMOP_VERSION)" copy_crds
 

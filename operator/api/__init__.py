@@ -5,7 +5,9 @@ from __future__ import annotations
 from .cost import CostSpec
 from .engine import EngineSpec
 from .errors import describe, error_messages, field_path
+from .lora import LoraAdapter, LoraSpec
 from .model import ModelCache, ModelSource
+from .restarts import RestartSchedule, RestartWindow
 from .rules import MSG_NAME
 from .scaling import AutoscalingSpec, KvCacheTrigger
 from .spec import InferenceServiceSpec
@@ -58,10 +60,14 @@ __all__ = [
     "InferenceServiceSpec",
     "InferenceServiceStatus",
     "KvCacheTrigger",
+    "LoraAdapter",
+    "LoraSpec",
     "ModelCache",
     "ModelSource",
     "MonitoringSpec",
     "ResourcesSpec",
+    "RestartSchedule",
+    "RestartWindow",
     "RolloutSpec",
     "RuntimeSpec",
     "SchedulingSpec",

@@ -41,6 +41,12 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Why the service is or is not ready (while replicas are missing, what blocks them, "
         "e.g. InsufficientGPU).",
     },
+    {
+        "name": "Adapters",
+        "type": "string",
+        "jsonPath": ".status.adaptersReady",
+        "description": "LoRA adapters served by every Ready replica / adapters in the spec.",
+    },
     {"name": "URL", "type": "string", "jsonPath": ".status.url", "description": "In-cluster OpenAI API URL."},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
@@ -84,6 +90,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "jsonPath": ".status.capacity.maxConcurrency",
         "description": "Requests of maxModelLen tokens one replica holds at once.",
+    },
+    {
+        "name": "Next Restart",
+        "type": "string",
+        "priority": 1,
+        "jsonPath": ".status.restarts.next",
+        "description": "When the next scheduled restart is due (spec.restartSchedule).",
     },
 ]
 

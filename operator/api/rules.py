@@ -57,6 +57,30 @@ MSG_AUTOSCALING_METRICS = (
 MSG_REPLICAS_XOR = "spec.replicas and spec.autoscaling are mutually exclusive: set one of them"
 MSG_TENSOR_PARALLEL = "spec.engine.tensorParallelSize must equal spec.resources.gpu.count (no GPU left idle)"
 MSG_NAME = "metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"
+MSG_RESTART_EVERY = (
+    "spec.restartSchedule.every must be a duration from 1m to 720h in hours, minutes and seconds "
+    "(e.g. 12h, 90m or 1h30m)"
+)
+MSG_RESTART_WINDOW = "spec.restartSchedule.window: start and end must differ"
+# A Go duration of whole hours, minutes and seconds, at least one of them (what CEL's duration() reads);
+# the digit limits keep every value inside Go's duration range, so the rule below never fails to evaluate.
+RESTART_EVERY_PATTERN = r"^([0-9]{1,4}h([0-9]{1,6}m)?([0-9]{1,8}s)?|[0-9]{1,6}m([0-9]{1,8}s)?|[0-9]{1,8}s)$"
+RESTART_EVERY_MIN, RESTART_EVERY_MAX = "1m", "720h"
+# Adapter names as the runtime takes them (runtime/lora.py NAME).
+ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
+MSG_ADAPTER_URI = (
+    "spec.lora.adapters[].uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or "
+    "file:///path"
+)
+MSG_LORA_CPU = "spec.lora.maxCpuLoras must be at least spec.lora.maxLoras"
+MSG_LORA_ADAPTERS = (
+    "spec.lora.adapters: more adapters than a replica holds (spec.lora.maxCpuLoras, which defaults to "
+    "spec.lora.maxLoras)"
+)
+MSG_ADAPTER_SERVED_NAME = (
+    "spec.lora.adapters[].name must differ from the base model's served name (spec.model.servedName, "
+    "or spec.model.uri when it is unset)"
+)
 
 
 def rule(
@@ -122,7 +146,37 @@ SPEC_RULES = [
         MSG_AUTOSCALING_METRICS,
         ".autoscaling",
     ),
+    rule(
+        "!has(self.lora) || !has(self.lora.adapters) || self.lora.adapters.all(a, a.name !="
+        " (has(self.model.servedName) ? self.model.servedName : self.model.uri))",
+        MSG_ADAPTER_SERVED_NAME,
+        ".lora.adapters",
+    ),
 ]
+
+
+RESTART_SCHEDULE_RULES = [
+    rule(
+        f"!self.every.matches('{RESTART_EVERY_PATTERN}')"
+        f" || (duration(self.every) >= duration('{RESTART_EVERY_MIN}')"
+        f" && duration(self.every) <= duration('{RESTART_EVERY_MAX}'))",
+        MSG_RESTART_EVERY,
+        ".every",
+    )
+]
+ADAPTER_RULES = [rule(f"self.uri.matches('{URI_PATTERN}')", MSG_ADAPTER_URI, ".uri")]
+# Defaults are not in the CRD: an absent maxLoras is 1, an absent maxCpuLoras is maxLoras.
+_MAX_LORAS = "(has(self.maxLoras) ? self.maxLoras : 1)"
+LORA_RULES = [
+    rule(f"!has(self.maxCpuLoras) || self.maxCpuLoras >= {_MAX_LORAS}", MSG_LORA_CPU, ".maxCpuLoras"),
+    rule(
+        "!has(self.adapters)"
+        f" || size(self.adapters) <= (has(self.maxCpuLoras) ? self.maxCpuLoras : {_MAX_LORAS})",
+        MSG_LORA_ADAPTERS,
+        ".adapters",
+    ),
+]
+RESTART_WINDOW_RULES = [rule("self.start != self.end", MSG_RESTART_WINDOW, ".end")]
 
 
 def validations(rules: list[JsonDict]) -> JsonDict:

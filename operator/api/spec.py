@@ -7,8 +7,17 @@ from pydantic import ConfigDict, Field, model_validator
 from .base import ApiModel
 from .cost import CostSpec
 from .engine import EngineSpec
+from .lora import LoraSpec
 from .model import ModelSource
-from .rules import MSG_AUTOSCALING_METRICS, MSG_REPLICAS_XOR, MSG_TENSOR_PARALLEL, SPEC_RULES, validations
+from .restarts import RestartSchedule
+from .rules import (
+    MSG_ADAPTER_SERVED_NAME,
+    MSG_AUTOSCALING_METRICS,
+    MSG_REPLICAS_XOR,
+    MSG_TENSOR_PARALLEL,
+    SPEC_RULES,
+    validations,
+)
 from .scaling import AutoscalingSpec
 from .workload import (
     DisruptionSpec,
@@ -48,6 +57,16 @@ class InferenceServiceSpec(ApiModel):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="The runtime container.")
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="The Service.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Metrics collection.")
+    restart_schedule: RestartSchedule | None = Field(
+        default=None,
+        description="Optional rolling restarts of every pod at an interval (vLLM's memory grows over a "
+        "long run), optionally only within a daily window; status.restarts shows the last and the next.",
+    )
+    lora: LoraSpec | None = Field(
+        default=None,
+        description="Serve LoRA adapters beside the base model (see docs/lora.md): the engine limits "
+        "(changing one restarts the pods) and the adapters (loaded and unloaded at run time, no restart).",
+    )
     cost: CostSpec | None = Field(
         default=None,
         description="Optional prices: cost per 1M generated tokens and break-even against an API "
@@ -64,6 +83,8 @@ class InferenceServiceSpec(ApiModel):
         monitored = self.monitoring.service_monitor.enabled
         if self.autoscaling and self.autoscaling.metrics_source == "ServiceMonitor" and not monitored:
             raise ValueError(MSG_AUTOSCALING_METRICS)
+        if self.lora and any(adapter.name == self.served_name for adapter in self.lora.adapters):
+            raise ValueError(MSG_ADAPTER_SERVED_NAME)
         return self
 
     @property

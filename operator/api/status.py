@@ -65,6 +65,44 @@ class CapacityStatus(ApiModel):
     )
 
 
+class RestartStatus(ApiModel):
+    """Scheduled restarts (spec.restartSchedule): the last and the next."""
+
+    last: str | None = Field(
+        default=None,
+        max_length=64,
+        description="When the pods were last restarted (RFC 3339): by the schedule or by `kubectl rollout "
+        "restart`; absent before the first.",
+    )
+    next: str = Field(max_length=64, description="When the next restart is due (RFC 3339).")
+    message: str | None = Field(
+        default=None,
+        max_length=1024,
+        description='Why a due restart waits, e.g. "Postponed: a rollout is in progress".',
+    )
+
+
+class AdapterStatus(ApiModel):
+    """One adapter of spec.lora.adapters across the Ready replicas."""
+
+    name: str = Field(max_length=63, description="The adapter (spec.lora.adapters[].name).")
+    ready_replicas: int = Field(ge=0, description="Ready replicas that serve it from the spec's uri.")
+    replicas: int = Field(ge=0, description="Ready replicas (those that should serve it).")
+    state: Literal["Ready", "Loading", "Failed"] = Field(
+        description="Ready: every Ready replica (at least one) serves it; Failed: a replica could not load "
+        "it (reason and message say why); Loading otherwise."
+    )
+    reason: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Why it is not Ready, e.g. AdapterRankTooLarge, AdapterSourceNotFound, "
+        "AdapterBaseModelMismatch (the runtime's error type), ReplicaUnreachable.",
+    )
+    message: str | None = Field(
+        default=None, max_length=1024, description="The detail, e.g. the runtime's error."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService."""
 
@@ -91,4 +129,19 @@ class InferenceServiceStatus(ApiModel):
     )
     capacity: CapacityStatus | None = Field(
         default=None, description="KV-cache capacity of the smallest Ready replica (once one is Ready)."
+    )
+    restarts: RestartStatus | None = Field(
+        default=None, description="Scheduled restarts (only with spec.restartSchedule)."
+    )
+    adapters: list[AdapterStatus] | None = Field(
+        default=None,
+        max_length=64,
+        description="Each LoRA adapter of spec.lora: how many Ready replicas serve it (only with spec.lora).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    adapters_ready: str | None = Field(
+        default=None,
+        max_length=16,
+        description="Adapters Ready on every Ready replica / adapters in the spec, e.g. 2/3 (the Adapters "
+        "column of kubectl get; only with spec.lora).",
     )

@@ -25,7 +25,8 @@ from pydantic import ValidationError
 
 from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL, InferenceServiceSpec
-from pagoda.operator.reconcile import events
+from pagoda.operator.reconcile import events, restarts
+from pagoda.operator.reconcile.adapters import AdapterReport, AdapterSync, failure_events
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.compare import matches
@@ -44,6 +45,7 @@ from pagoda.operator.reconcile.status import (
     Problem,
     compute_status,
     degraded_now,
+    first_report_wait,
     status_changed,
 )
 from pagoda.operator.resources import (
@@ -90,13 +92,23 @@ class Pass:
     problems: list[Problem]
     hpa: Obj | None = None  # the HPA KEDA made from our ScaledObject (watched, not ours to apply)
     capacity: CapacityReader | None = None
+    adapters: AdapterReport | None = None  # spec.lora's adapters in the Ready pods (reconcile/adapters.py)
     writes: int = 0
+    changes: list[tuple[str, str, str]] = field(default_factory=list)  # (verb, kind, name) of children
+    requeue: list[float] = field(default_factory=list)  # seconds after which to look again
 
     def wrote(self, verb: str, kind: str, child: str) -> None:
-        """Count a write to a child, log it and record it as an Event on the owner."""
+        """Count a write to a child and log it; `record_changes` names it in the pass's Event."""
         self.writes += 1
+        self.changes.append((verb, kind, child))
         log.info("%s %s name=%s namespace=%s", verb, kind, child, self.namespace)
-        self.event("Normal", verb, f"{verb} {kind} {child}")
+
+    def record_changes(self) -> None:
+        """One Event on the owner naming every child this pass created, updated or deleted (STYLE.md 11)."""
+        if self.changes:
+            reason, message = events.changes_event(self.changes)
+            self.event("Normal", reason, message)
+            self.changes = []
 
     def event(self, type_: str, reason: str, message: str) -> None:
         events.record(self.kube, self.owner, type_=type_, reason=reason, message=message, now=self.now())
@@ -140,11 +152,12 @@ def reconcile(
     cache: ObjectCache | None = None,
     default_image: str = DEFAULT_RUNTIME_IMAGE,
     capacity: CapacityReader | None = None,
+    adapters: AdapterSync | None = None,
 ) -> Outcome:
     """One pass, counted in the operator's metrics. What it reads: see the module's docstring."""
     started = time.monotonic()
     try:
-        outcome = _reconcile(kube, namespace, name, now, cache, default_image, capacity)
+        outcome = _reconcile(kube, namespace, name, now, cache, default_image, capacity, adapters)
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason="Exception").inc()
@@ -166,26 +179,38 @@ def _reconcile(
     cache: ObjectCache | None,
     default_image: str,
     capacity: CapacityReader | None = None,
+    adapters: AdapterSync | None = None,
 ) -> Outcome:
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return Outcome("gone")
-    desired, problems = desired_state(owner, namespace, name, default_image)
     live, pods = read_children(kube, cache, namespace, name)
+    restart = restarts.plan(owner, live.get(("Deployment", name)), now())
+    desired, problems = desired_state(owner, namespace, name, default_image, restart)
     hpa = live.pop((HPA_KIND[1], hpa_name(name)), None)
     p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems, hpa, capacity)
     try:
         if desired is not None:
             check_secrets(p, desired)
-            apply_children(p, desired)
-            prune_children(p, desired)
+            change_children(p, desired)
+            restarted = restarts.announcement(restart, p.live.get(("Deployment", name)))
+            if restarted is not None:
+                log.info("Started scheduled restart name=%s namespace=%s", name, namespace)
+                p.event("Normal", "ScheduledRestart", restarted)
+            p.adapters = adapters.sync(kube, owner, p.pods) if adapters is not None else None
         write_status(p, desired)
     except OwnerGone:
         return Outcome("gone", writes=p.writes)
     requeue = [RETRY_AFTER_S] if any(problem.retry for problem in p.problems) else []
+    requeue += p.requeue  # a first status held back for the Deployment controller's first report
     next_ask = capacity.next_ask(p.pods) if capacity is not None else None
     if next_ask is not None:  # a Ready pod has not told its capacity yet
         requeue.append(next_ask)
+    if p.adapters is not None and p.adapters.requeue_after is not None:  # an adapter is not Ready yet
+        requeue.append(p.adapters.requeue_after)
+    next_restart = restarts.plan(owner, p.live.get(("Deployment", name)), now()).requeue_after()
+    if next_restart is not None:  # the next scheduled restart, or another look at a postponed one
+        requeue.append(next_restart)
     return Outcome(
         result="error" if p.problems else ("applied" if p.writes else "unchanged"),
         requeue_after=min(requeue) if requeue else None,
@@ -195,12 +220,13 @@ def _reconcile(
 
 
 def desired_state(
-    owner: Obj, namespace: str, name: str, default_image: str
+    owner: Obj, namespace: str, name: str, default_image: str, restart: restarts.RestartPlan | None = None
 ) -> tuple[list[Obj] | None, list[Problem]]:
     """The children the spec asks for, with owner references; None and the reason when there are none."""
     try:
         spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
-        children = desired_children(name, namespace, spec, default_image)
+        stamps = (restart.restarted_at, restart.since) if restart else (None, None)
+        children = desired_children(name, namespace, spec, default_image, *stamps)
     except ValidationError as exc:
         return None, [invalid_spec(exc)]
     except (ValueError, TypeError, KeyError) as exc:  # a spec the builders cannot turn into objects
@@ -223,6 +249,20 @@ def read_children(
         live[(kind, hpa["metadata"]["name"])] = hpa
     api_version, _kind, plural = POD_KIND
     return live, _list_labelled(kube, api_version, plural, namespace, name)
+
+
+def change_children(p: Pass, desired: list[Obj]) -> None:
+    """Apply the children that differ, delete those no longer wanted, and record one Event naming them
+    (also when the pass fails half-way: what was changed before the failure is named)."""
+    try:
+        apply_children(p, desired)
+        prune_children(p, desired)
+    except OwnerGone:
+        raise  # its namespace is going away: nothing to tell
+    except Exception:
+        p.record_changes()
+        raise
+    p.record_changes()
 
 
 def apply_children(p: Pass, desired: list[Obj]) -> None:
@@ -302,7 +342,18 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
         status["capacity"] = capacity
     elif p.capacity is None and previous.get("capacity"):
         status["capacity"] = previous["capacity"]  # not asked in this pass: keep what was reported
+    restart = restarts.plan(p.owner, p.live.get(("Deployment", p.name)), p.now()).status()
+    if restart is not None:
+        status["restarts"] = restart
+    if p.adapters is not None:
+        status.update(p.adapters.status)
+    else:  # not synced in this pass (an invalid spec, or no syncer): keep what was reported
+        status.update({k: previous[k] for k in ("adapters", "adaptersReady") if k in previous})
     if not status_changed(previous, status):
+        return
+    wait = first_report_wait(previous, p.live.get(("Deployment", p.name)), p.problems, p.now())
+    if wait is not None:  # the Deployment controller's first report, moments away, queues the next pass
+        p.requeue.append(wait)
         return
     # A merge patch keeps what it does not name: drop optional fields that no longer apply explicitly.
     patch = {**status, **{key: None for key in OPTIONAL_FIELDS if key in previous and key not in status}}
@@ -325,6 +376,8 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
     if scaled is not None:
         log.info("Scaled name=%s namespace=%s %s", p.name, p.namespace, scaled)
         p.event("Normal", "Scaled", scaled)
+    for reason, message in failure_events(previous, status):
+        p.event("Warning", reason, message)
 
 
 def namespace_terminating(exc: KubeError) -> bool:

@@ -1,5 +1,6 @@
-"""Kubernetes Events (core/v1) about an InferenceService: one per child created, changed or deleted, and a
-Warning when the object becomes Degraded. Recording an Event never fails a reconcile."""
+"""Kubernetes Events (core/v1) about an InferenceService: one per pass that created, changed or deleted
+children (naming them all), and a Warning when the object becomes Degraded. Recording an Event never fails a
+reconcile."""
 
 from __future__ import annotations
 
@@ -15,6 +16,17 @@ log = logging.getLogger("pagoda.operator.events")
 INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
 
 Obj = dict[str, Any]
+
+
+def changes_event(changes: list[tuple[str, str, str]]) -> tuple[str, str]:
+    """The reason and message of the one Event about a pass's (verb, kind, name) changes (pure), e.g.
+    ("Created", "Created Deployment llm, Service llm, PodDisruptionBudget llm"). Verbs keep their first
+    order; a pass that did more than one kind of change has the reason "Changed"."""
+    grouped: dict[str, list[str]] = {}
+    for verb, kind, name in changes:
+        grouped.setdefault(verb, []).append(f"{kind} {name}")
+    reason = next(iter(grouped)) if len(grouped) == 1 else "Changed"
+    return reason, "; ".join(f"{verb} {', '.join(children)}" for verb, children in grouped.items())
 
 
 def event_body(owner: Obj, *, type_: str, reason: str, message: str, now: str) -> Obj:

@@ -191,8 +191,8 @@ def degraded_condition(
     return Condition("Degraded", False, "Reconciled", "Every child object matches the spec")
 
 
-# Status fields present only when they apply (a URL, an autoscaler, a reported capacity).
-OPTIONAL_FIELDS = ("url", "autoscaling", "capacity")
+# Status fields present only when they apply (a URL, an autoscaler, a reported capacity, a restart schedule).
+OPTIONAL_FIELDS = ("url", "autoscaling", "capacity", "restarts", "adapters", "adaptersReady")
 
 
 def status_changed(live: Obj | None, new: Obj) -> bool:
@@ -208,3 +208,31 @@ def degraded_now(status: Obj) -> Condition | None:
         if cond.get("type") == "Degraded" and cond.get("status") == "True":
             return Condition("Degraded", True, str(cond.get("reason")), str(cond.get("message")))
     return None
+
+
+# How long the first status of a new InferenceService waits for the Deployment controller's first report on
+# its Deployment (well under a second in a healthy cluster; seconds when many services are created at once).
+FIRST_REPORT_GRACE_S = 10.0
+
+
+def first_report_wait(
+    previous: Obj, deployment: Obj | None, problems: list[Problem], now: str
+) -> float | None:
+    """Seconds to hold back the first status of a new InferenceService; None: write it now.
+
+    Just after the Deployment is created, before its controller has reported on it (no
+    `status.observedGeneration`), the status could only say "0 replicas, rollout not started", and the
+    controller's report, whose watch event queues another pass, replaces that moments later: so the first
+    status waits for that report, at most FIRST_REPORT_GRACE_S after the Deployment's creation, and one
+    status write says what the first two would have. Never once a status was written, nor when something is
+    wrong (a problem is reported at once)."""
+    if previous or problems or deployment is None:
+        return None
+    if (deployment.get("status") or {}).get("observedGeneration") is not None:
+        return None
+    created = _parse_time(str((deployment.get("metadata") or {}).get("creationTimestamp") or ""))
+    current = _parse_time(now)
+    if created is None or current is None:
+        return None
+    left = FIRST_REPORT_GRACE_S - (current - created).total_seconds()
+    return left if left > 0 else None

@@ -25,15 +25,21 @@ CHILD_KINDS: list[tuple[str, str, str]] = [
 
 
 def desired_children(
-    name: str, namespace: str, spec: InferenceServiceSpec, default_image: str = DEFAULT_RUNTIME_IMAGE
+    name: str,
+    namespace: str,
+    spec: InferenceServiceSpec,
+    default_image: str = DEFAULT_RUNTIME_IMAGE,
+    restarted_at: str | None = None,
+    restarts_since: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
     The ScaledObject only when autoscaling is set, the ServiceMonitor only when enabled; a kind in
-    CHILD_KINDS that is missing here is one the controller should delete.
+    CHILD_KINDS that is missing here is one the controller should delete. `restarted_at` and
+    `restarts_since`: the scheduled-restart annotations of the Deployment (see `deployment`).
     """
     children = [
-        deployment(name, namespace, spec, default_image),
+        deployment(name, namespace, spec, default_image, restarted_at, restarts_since),
         service(name, namespace, spec),
         pod_disruption_budget(name, namespace, spec),
     ]

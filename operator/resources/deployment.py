@@ -6,16 +6,28 @@ from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
 
-from .meta import metadata, selector
+from .meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION, metadata, selector
 from .pod import DEFAULT_RUNTIME_IMAGE, pod_template
 
 PROGRESS_MARGIN_SECONDS = 300
 
 
 def deployment(
-    name: str, namespace: str, spec: InferenceServiceSpec, default_image: str = DEFAULT_RUNTIME_IMAGE
+    name: str,
+    namespace: str,
+    spec: InferenceServiceSpec,
+    default_image: str = DEFAULT_RUNTIME_IMAGE,
+    restarted_at: str | None = None,
+    restarts_since: str | None = None,
 ) -> dict[str, Any]:
-    """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field."""
+    """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field.
+
+    `restarted_at` (RFC 3339) goes on the pod template: a new value rolls every pod. `restarts_since` goes on
+    the Deployment: when the restart schedule was first seen. Both come from reconcile/restarts.py.
+    """
+    template = pod_template(name, spec, default_image)
+    if restarted_at is not None:
+        template["metadata"]["annotations"] = {RESTARTED_AT_ANNOTATION: restarted_at}
     body: dict[str, Any] = {
         "selector": {"matchLabels": selector(name)},
         "strategy": {
@@ -27,13 +39,11 @@ def deployment(
         },
         # A rollout may legitimately spend the whole startup timeout loading weights.
         "progressDeadlineSeconds": spec.runtime.startup_timeout_seconds + PROGRESS_MARGIN_SECONDS,
-        "template": pod_template(name, spec, default_image),
+        "template": template,
     }
     if spec.autoscaling is None:
         body = {"replicas": 1 if spec.replicas is None else spec.replicas, **body}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": metadata(name, namespace),
-        "spec": body,
-    }
+    meta = metadata(name, namespace)
+    if restarts_since is not None:
+        meta["annotations"] = {RESTART_SCHEDULE_SINCE_ANNOTATION: restarts_since}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": body}

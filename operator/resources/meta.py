@@ -12,6 +12,11 @@ OWNER_LABEL = "pagoda.dev/inferenceservice"
 # The server-side apply field manager; compare.stale_fields reads managedFields by this name, and Events
 # name it as their reporting component.
 FIELD_MANAGER = "pagoda-operator"
+# Scheduled restarts (reconcile/restarts.py): a new value on the pod template rolls every pod, as
+# `kubectl rollout restart` (kubectl.kubernetes.io/restartedAt) does; on the Deployment itself, when the
+# operator first saw the schedule (the first restart is one interval after it).
+RESTARTED_AT_ANNOTATION = "pagoda.dev/restartedAt"
+RESTART_SCHEDULE_SINCE_ANNOTATION = "pagoda.dev/restartScheduleSince"
 CONTAINER_NAME = "runtime"
 HTTP_PORT = 8000
 PORT_NAME = "http"

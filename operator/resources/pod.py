@@ -140,7 +140,18 @@ def volume_mounts(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     claim = spec.model.pvc_claim
     if claim:
         mounts.append({"name": "model-source", "mountPath": f"{MODELS_DIR}/{claim}", "readOnly": True})
+    for volume, adapter_claim in adapter_claims(spec):
+        mounts.append({"name": volume, "mountPath": f"{MODELS_DIR}/{adapter_claim}", "readOnly": True})
     return mounts
+
+
+def adapter_claims(spec: InferenceServiceSpec) -> list[tuple[str, str]]:
+    """(volume name, claim) of each pvc:// claim the adapters use that the model does not: mounted like the
+    model's claim, so adding an adapter on a new claim changes the pod template (and rolls the pods)."""
+    if spec.lora is None:
+        return []
+    claims = sorted({a.pvc_claim for a in spec.lora.adapters if a.pvc_claim} - {spec.model.pvc_claim})
+    return [(f"adapter-source-{i}", claim) for i, claim in enumerate(claims)]
 
 
 def volumes(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
@@ -152,6 +163,10 @@ def volumes(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     if claim:
         result.append(
             {"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+    for volume, adapter_claim in adapter_claims(spec):
+        result.append(
+            {"name": volume, "persistentVolumeClaim": {"claimName": adapter_claim, "readOnly": True}}
         )
     return result
 

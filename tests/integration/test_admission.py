@@ -85,6 +85,50 @@ INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
         ["spec.cost.apiPricePerMillionTokens"],
     ),
     ("lowercase-currency", {"cost": {"gpuHourPrice": 2.5, "currency": "usd"}}, ["spec.cost.currency"]),
+    ("restart-every-too-short", {"restartSchedule": {"every": "30s"}}, ["spec.restartSchedule.every"]),
+    ("restart-every-in-days", {"restartSchedule": {"every": "1d"}}, ["spec.restartSchedule.every"]),
+    (
+        "restart-window-empty",
+        {"restartSchedule": {"every": "1h", "window": {"start": "02:00", "end": "02:00"}}},
+        ["spec.restartSchedule.window"],
+    ),
+    (
+        "adapter-names-repeat",
+        {
+            "lora": {
+                "maxLoras": 2,
+                "adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "a", "uri": "hf://o/b"}],
+            }
+        },
+        ["spec.lora.adapters[1]"],
+    ),
+    (
+        "adapter-name-dash-first",
+        {"lora": {"adapters": [{"name": "-a", "uri": "hf://o/a"}]}},
+        ["spec.lora.adapters[0].name"],
+    ),
+    (
+        "adapter-uri-scheme",
+        {"lora": {"adapters": [{"name": "a", "uri": "gs://b/a"}]}},
+        ["spec.lora.adapters[0].uri"],
+    ),
+    (
+        "adapter-served-name",
+        {"lora": {"adapters": [{"name": "tiny", "uri": "hf://o/a"}]}},
+        ["spec.lora.adapters"],
+    ),
+    (
+        "adapters-more-than-held",
+        {"lora": {"adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "b", "uri": "hf://o/b"}]}},
+        ["spec.lora.adapters", "maxCpuLoras"],
+    ),
+    ("lora-rank-not-vllm", {"lora": {"maxLoraRank": 48}}, ["spec.lora.maxLoraRank"]),
+    ("lora-cpu-below-gpu", {"lora": {"maxLoras": 2, "maxCpuLoras": 1}}, ["spec.lora.maxCpuLoras"]),
+    (
+        "restart-window-not-a-clock",
+        {"restartSchedule": {"every": "1h", "window": {"start": "2am", "end": "05:00"}}},
+        ["spec.restartSchedule.window.start"],
+    ),
 ]
 
 
@@ -110,6 +154,17 @@ RULE_BREAKERS: list[tuple[str, dict[str, Any]]] = [
     ("gpu-memory-above-1", {"engine": {"gpuMemoryUtilization": 1.5}}),
     ("unknown-uri-scheme", {"model": {"uri": "ftp://host/model"}}),
     ("replicas-and-autoscaling", {"autoscaling": {"minReplicas": 1, "maxReplicas": 2}, **MONITORED}),
+    ("restart-every-too-long", {"restartSchedule": {"every": "721h"}}),
+    ("adapter-served-name", {"lora": {"adapters": [{"name": "tiny", "uri": "hf://o/a"}]}}),
+    (
+        "adapters-more-than-held",
+        {"lora": {"adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "b", "uri": "hf://o/b"}]}},
+    ),
+    ("lora-cpu-below-gpu", {"lora": {"maxLoras": 2, "maxCpuLoras": 1}}),
+    (
+        "restart-window-empty",
+        {"restartSchedule": {"every": "1h", "window": {"start": "03:00", "end": "03:00"}}},
+    ),
 ]
 
 
@@ -135,7 +190,12 @@ def test_a_valid_spec_is_accepted(crd: None, cluster_api: Any, namespace: str) -
     """The base every invalid case starts from is itself valid (so each case fails for its own reason)."""
     api = client.CustomObjectsApi(cluster_api)
     priced = {"cost": {"gpuHourPrice": 2.5, "apiPricePerMillionTokens": 0.6, "currency": "EUR"}}
-    for overrides in ({}, AUTO, priced):
+    window = {"start": "22:00", "end": "04:00", "timeZone": "Europe/Berlin"}
+    restarted = {"restartSchedule": {"every": "12h", "window": window}}
+    lora = {
+        "lora": {"maxLoras": 2, "maxLoraRank": 64, "adapters": [{"name": "sql", "uri": "pvc://adapters/sql"}]}
+    }
+    for overrides in ({}, AUTO, priced, restarted, {"restartSchedule": {"every": "1m"}}, lora):
         created = api.create_namespaced_custom_object(
             GROUP,
             VERSION,

@@ -102,10 +102,10 @@ def test_create_builds_children_and_reports_ready(
     # kopf wrote nothing onto the user's object: no finalizer, no annotations of its own.
     assert not obj["metadata"].get("finalizers")
     assert not [a for a in obj["metadata"].get("annotations") or {} if "kopf" in a]
-    # A Kubernetes Event per child created.
+    # One Kubernetes Event for the pass that created the children, naming each.
     events = client.CoreV1Api(cluster_api).list_namespaced_event(namespace).items
-    messages = {e.message for e in events if e.involved_object.name == "llm" and e.reason == "Created"}
-    assert {"Created Deployment llm", "Created Service llm", "Created PodDisruptionBudget llm"} <= messages
+    messages = [e.message for e in events if e.involved_object.name == "llm" and e.reason == "Created"]
+    assert messages == ["Created Deployment llm, Service llm, PodDisruptionBudget llm"]
 
 
 def test_spec_change_rolls_out(

@@ -16,6 +16,8 @@ RUNTIME_METRICS = frozenset(
         "pagoda_kv_cache_max_concurrency",
     }
 )
+# Only with LoRA on (label `adapter` beside `model_name`); vLLM's own `vllm:lora_requests_info` stays exposed.
+LORA_METRICS = frozenset({"pagoda_lora_requests_total", "pagoda_lora_generation_tokens_total"})
 OPERATOR_METRICS = frozenset(
     {
         "pagoda_operator_reconciles_total",

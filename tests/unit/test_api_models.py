@@ -78,6 +78,8 @@ def test_the_examples_cover_the_api(all_examples: dict[str, dict[str, Any]]) -> 
         "runtime.apiKeySecret.name",
         "runtime.env",
         "monitoring.serviceMonitor.enabled",
+        "lora.maxCpuLoras",
+        "lora.adapters",
         "resources.sharedMemorySize",
         "disruption.maxUnavailable",
         "rollout.maxSurge",

@@ -219,6 +219,52 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
     ),
     ("cost-price-not-number", _set("cost", {"gpuHourPrice": "cheap"}), "spec.cost.gpuHourPrice", None),
     (
+        "adapter-named-like-the-model",
+        _set("lora.adapters", [{"name": "llama-3.1-70b", "uri": "hf://org/sql-lora"}]),
+        "spec.lora.adapters",
+        r.MSG_ADAPTER_SERVED_NAME,
+    ),
+    (
+        "adapters-more-than-held",
+        _set(
+            "lora",
+            {"maxLoras": 1, "adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "b", "uri": "hf://o/b"}]},
+        ),
+        "spec.lora",
+        r.MSG_LORA_ADAPTERS,
+    ),
+    (
+        "adapters-cpu-below-gpu",
+        _set("lora", {"maxLoras": 2, "maxCpuLoras": 1}),
+        "spec.lora",
+        r.MSG_LORA_CPU,
+    ),
+    (
+        "adapter-unknown-scheme",
+        _set("lora.adapters", [{"name": "sql", "uri": "gs://bucket/sql"}]),
+        "spec.lora.adapters",
+        r.MSG_ADAPTER_URI,
+    ),
+    ("adapter-rank-not-vllm", _set("lora.maxLoraRank", 48), "spec.lora.maxLoraRank", None),
+    (
+        "adapter-name-dash-first",
+        _set("lora.adapters", [{"name": "-sql", "uri": "hf://o/a"}]),
+        "spec.lora.adapters[0].name",
+        None,
+    ),
+    (
+        "adapter-name-too-long",
+        _set("lora.adapters", [{"name": "a" * 64, "uri": "hf://o/a"}]),
+        "spec.lora.adapters[0].name",
+        None,
+    ),
+    (
+        "adapter-names-repeat",
+        _set("lora.adapters", [{"name": "a", "uri": "hf://o/a"}, {"name": "a", "uri": "hf://o/b"}]),
+        "spec.lora",
+        None,
+    ),
+    (
         "prometheus-not-url",
         _set("autoscaling.prometheusAddress", "prometheus:9090"),
         "spec.autoscaling.prometheusAddress",

@@ -1,8 +1,10 @@
 """The Grafana dashboards: structure, variables, and every panel query parsed by Prometheus' own parser.
 
-Parsing needs no data: every query (variables substituted the way Grafana does) is wrapped in a recording
-rule and checked with `promtool check rules`. Whether each query returns data from a real runtime and
-operator is proved in e2e/test_observability.py.
+Parsing needs no data: every query, with the variables substituted by the same code as the e2e test's
+(e2e/observability.py: resolve_variables, panel_queries), is wrapped in a recording rule and checked with
+`promtool check rules`, so a typo fails here before any query runs. Whether each query returns data from a
+real runtime and operator is proved in e2e/test_observability.py; the dashboards' JSON is checked against
+Grafana's schema in test_dashboard_schema.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any
 import pytest
 import yaml
 from metric_contract import OPERATOR_METRICS, RUNTIME_METRICS
+
+from e2e.observability import PromQL, panel_queries, resolve_variables
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "charts" / "pagoda" / "files" / "dashboards").glob("*.json"))
@@ -52,17 +56,6 @@ def load(path: Path) -> dict[str, Any]:
 def targets(board: dict[str, Any]) -> list[tuple[str, str]]:
     """(panel title, expr) of every query of every panel."""
     return [(panel["title"], target["expr"]) for panel in board["panels"] for target in panel["targets"]]
-
-
-def substitute(expr: str, namespace: str = "ns", service: str = "svc", rate_interval: str = "1m") -> str:
-    """Replace Grafana's variables the way Grafana does before it sends the query."""
-    return (
-        expr.replace("$__rate_interval", rate_interval)
-        .replace("$__interval", "15s")
-        .replace("$__range", "1h")
-        .replace("$namespace", namespace)
-        .replace("$service", service)
-    )
 
 
 def metric_names(expr: str) -> set[str]:
@@ -178,24 +171,56 @@ def test_operator_metric_names_match_the_operator() -> None:
         assert name in exposed, name
 
 
-def test_every_query_parses_with_promtool(tmp_path: Path) -> None:
+class SampleLabels(PromQL):
+    """Stands in for Prometheus when resolve_variables() asks for a variable's values: it answers one sample
+    value and keeps the variable's selector (PromQL too, the part of Grafana's label_values() that is)."""
+
+    def __init__(self) -> None:
+        self.selectors: list[str] = []
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        self.selectors.append(match)
+        return [f"sample-{label}"]
+
+
+def queries_as_sent(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(what, query) for each variable's selector and each panel's query, variables substituted as in e2e."""
+    labels = SampleLabels()
+    variables = resolve_variables(labels, board)
+    out = [(f"variable selector {selector}", selector) for selector in labels.selectors]
+    return out + [(f"panel {title!r}", expr) for title, _, expr in panel_queries(board, variables)]
+
+
+def promtool_check_queries(queries: list[tuple[str, str]], workdir: Path) -> tuple[int, str]:
+    """`promtool check rules` on one recording rule per query: (exit status, output naming each rule)."""
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: `make test` installs Debian's prometheus package"
-    rules = []
-    for path in DASHBOARDS:
-        board = load(path)
-        exprs = [expr for _, expr in targets(board)]
-        exprs += [v["definition"] for v in board["templating"]["list"] if v["type"] == "query"]
-        for index, expr in enumerate(exprs):
-            if expr.startswith("label_values("):
-                # Grafana's label_values(selector, label): the selector part is PromQL.
-                expr = expr.removeprefix("label_values(").rsplit(",", 1)[0]
-            rules.append({"record": f"pagoda:{path.stem}:query{index}", "expr": substitute(expr)})
-    (tmp_path / "queries.yaml").write_text(
+    rules = [{"record": f"pagoda:dashboard:query{i}", "expr": expr} for i, (_, expr) in enumerate(queries)]
+    (workdir / "queries.yaml").write_text(
         yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]})
     )
     result = subprocess.run(
-        [promtool, "check", "rules", "queries.yaml"], cwd=tmp_path, capture_output=True, text=True, timeout=60
+        [promtool, "check", "rules", "queries.yaml"], cwd=workdir, capture_output=True, text=True, timeout=60
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+    legend = "\n".join(f"rule {i + 1}: {what}" for i, (what, _) in enumerate(queries))
+    return result.returncode, f"{result.stdout}{result.stderr}\n{legend}"
+
+
+def test_every_query_parses_with_promtool(board: dict[str, Any], tmp_path: Path) -> None:
+    queries = queries_as_sent(board)
+    assert len(queries) == len(targets(board)) + 2  # the namespace and service variables
+    returncode, output = promtool_check_queries(queries, tmp_path)
+    assert returncode == 0, output
+    assert f"SUCCESS: {len(queries)} rules found" in output
+
+
+def test_promtool_rejects_a_typo(tmp_path: Path) -> None:
+    """The check above would catch a typo: one query with a parenthesis left open fails, named by promtool."""
+    queries = queries_as_sent(load(DASHBOARDS[0]))
+    what, expr = queries[-1]
+    assert expr.endswith(")"), expr
+    queries[-1] = (what, expr.removesuffix(")"))
+    returncode, output = promtool_check_queries(queries, tmp_path)
+    assert returncode == 1, output
+    assert f'rule {len(queries)}, "pagoda:dashboard:query{len(queries) - 1}"' in output, output
+    assert "parse error: unclosed left parenthesis" in output, output

@@ -9,8 +9,10 @@ import pytest
 
 from pagoda.operator.api import CONDITION_TYPES, InferenceServiceStatus
 from pagoda.operator.reconcile.capacity import CapacityReader
+from pagoda.operator.reconcile.restarts import plan as restart_plan
 from pagoda.operator.reconcile.scaling import autoscaling_status
 from pagoda.operator.reconcile.status import Problem, compute_status
+from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
 from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa
 
 NOW = "2026-01-01T00:00:00Z"
@@ -97,5 +99,20 @@ def test_autoscaling_and_capacity_fields_fit_the_status_model() -> None:
         "status": {"podIP": "10.244.128.2", "conditions": [{"type": "Ready", "status": "True"}]},
     }
     status["capacity"] = CapacityReader(lambda url, timeout: answer).status([pod])
+    model = InferenceServiceStatus.model_validate(status)
+    assert model.model_dump(by_alias=True, exclude_none=True) == status
+
+
+def test_restarts_fit_the_status_model() -> None:
+    """status.restarts with every field: a due restart postponed by a rollout, after an earlier one."""
+    rolling = deployment(3, 1, 1, generation_seen=6)
+    rolling["spec"]["template"] = {
+        "metadata": {"annotations": {RESTARTED_AT_ANNOTATION: "2025-12-31T00:00:00Z"}}
+    }
+    rolling["metadata"]["annotations"] = {RESTART_SCHEDULE_SINCE_ANNOTATION: "2025-12-30T00:00:00Z"}
+    owner = {**OWNER, "spec": {"restartSchedule": {"every": "12h"}}}
+    status = compute_status(owner, rolling, [], selector="a=b", url=URL, now=NOW)
+    status["restarts"] = restart_plan(owner, rolling, NOW).status()
+    assert set(status["restarts"]) == {"last", "next", "message"}
     model = InferenceServiceStatus.model_validate(status)
     assert model.model_dump(by_alias=True, exclude_none=True) == status

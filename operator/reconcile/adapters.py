@@ -1,0 +1,349 @@
+"""LoRA adapters in step with the spec: each Ready runtime pod loads the spec's adapters at run time.
+
+The adapters are not in the pod template (changing them must not restart a pod), so the operator loads them
+through the runtime's adapters API (docs/lora.md): per pass, for each Ready pod that is not known to be in
+step, `GET /v1/pagoda/adapters`, then `DELETE` the adapters the spec no longer names (the runtime drains
+their requests first) and `PUT` those missing or with another source. A new replica is Ready (it serves the
+base model) before it serves the adapters: the pass after it turns Ready loads them, and the status counts
+it as not serving them until then.
+
+What a pass costs is bounded: at most `per_pass` pods are asked, each call has a timeout, and the pass stops
+asking once `budget` seconds are spent; a pod in step is not asked again for `recheck_after` seconds (a
+runtime restarted in place is a new view: the key includes the container restart count). A pod that cannot
+be reached is retried after `retry_after` seconds, doubling up to `max_retry_after`; a failed load is
+retried after `failed_retry_after` seconds (the runtime keeps the Failed entry until then). A PUT or DELETE
+that times out goes on in the runtime: the adapter counts as Loading (or Unloading) and the next pass looks.
+While any adapter is not Ready the caller requeues after `requeue_after`.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from pagoda.operator.api import InferenceServiceSpec, SecretKeyRef
+from pagoda.operator.reconcile.capacity import pod_ready
+from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.resources.meta import HTTP_PORT
+
+Obj = dict[str, Any]
+# (method, url, JSON body or None, API key or None, timeout) -> (HTTP status, JSON body); raises OSError when
+# the pod cannot be reached or does not answer in time.
+Request = Callable[[str, str, Obj | None, str | None, float], tuple[int, Obj]]
+ADAPTERS_PATH = "/v1/pagoda/adapters"
+MESSAGE_MAX = 1024
+# What a call to a pod can raise: unreachable, timed out, a connection closed mid-answer, bad JSON.
+CALL_FAILED = (OSError, ValueError, http.client.HTTPException)
+KEY_RETRY_AFTER = 60.0  # another look at a Secret the operator could not read
+
+
+def http_request(
+    method: str, url: str, body: Obj | None, api_key: str | None, timeout: float
+) -> tuple[int, Obj]:
+    headers = {"content-type": "application/json"}
+    if api_key:
+        headers["authorization"] = f"Bearer {api_key}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310 (pod IP)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            return response.status, _json(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, _json(exc.read())
+
+
+def _json(raw: bytes) -> Obj:
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _error(status: int, body: Obj) -> tuple[str, str]:
+    """(type, message) of the runtime's OpenAI-format error."""
+    error = body.get("error")
+    if not isinstance(error, dict):
+        error = {}
+    kind = str(error.get("type") or f"HTTP{status}")
+    return kind[:64], str(error.get("message") or f"the runtime answered HTTP {status}")[:MESSAGE_MAX]
+
+
+@dataclass
+class PodView:
+    """What the operator knows of one runtime's adapters."""
+
+    adapters: dict[str, Obj] = field(default_factory=dict)  # name -> the runtime's entry
+    checked_at: float | None = None  # None: never answered
+    retry_at: float = 0.0  # while unreachable, when to ask again
+    failures: int = 0
+    problem: tuple[str, str] | None = None  # (reason, message) while it cannot be reached
+    failed_at: dict[tuple[str, str], float] = field(default_factory=dict)  # (name, source) -> when it failed
+    desired: dict[str, str] = field(default_factory=dict)  # the adapters it was last brought in step with
+
+
+@dataclass
+class AdapterReport:
+    """The status fields (`adapters`, `adaptersReady`; empty without spec.lora) and when to look again."""
+
+    status: Obj
+    requeue_after: float | None = None
+
+
+class AdapterSync:
+    """Keeps every Ready pod's adapters in step with spec.lora; safe to share between reconcile workers."""
+
+    def __init__(
+        self,
+        request: Request = http_request,
+        *,
+        port: int = HTTP_PORT,
+        timeout: float = 3.0,
+        load_timeout: float = 10.0,
+        budget: float = 20.0,
+        per_pass: int = 8,
+        recheck_after: float = 600.0,
+        retry_after: float = 10.0,
+        max_retry_after: float = 600.0,
+        failed_retry_after: float = 300.0,
+        requeue_after: float = 5.0,
+        remembered: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._request, self._port = request, port
+        self._timeout, self._load_timeout, self._budget = timeout, load_timeout, budget
+        self._per_pass, self._recheck_after = per_pass, recheck_after
+        self._retry_after, self._max_retry_after = retry_after, max_retry_after
+        self._failed_retry_after, self._requeue_after = failed_retry_after, requeue_after
+        self._remembered, self._clock = remembered, clock
+        self._lock = threading.Lock()
+        self._views: OrderedDict[str, PodView] = OrderedDict()
+
+    def sync(self, kube: Kube | None, owner: Obj, pods: list[Obj]) -> AdapterReport | None:
+        """Bring the Ready pods in step with the owner's spec.lora and report; None for a spec that does not
+        validate (the caller keeps the last status)."""
+        try:
+            spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
+        except ValidationError:
+            return None
+        if spec.lora is None:
+            return AdapterReport({})
+        desired = {adapter.name: adapter.uri for adapter in spec.lora.adapters}
+        ready = [pod for pod in pods if pod_ready(pod) and (pod.get("status") or {}).get("podIP")]
+        ready.sort(key=lambda pod: str((pod.get("metadata") or {}).get("name") or ""))  # a stable status
+        api_key, key_problem = None, None
+        if spec.runtime.api_key_secret is not None and desired:
+            api_key, key_problem = read_api_key(
+                kube, owner["metadata"]["namespace"], spec.runtime.api_key_secret
+            )
+        if key_problem is None:
+            self._sync_pods(ready, desired, api_key)
+        return self._report(ready, desired, key_problem)
+
+    def _sync_pods(self, pods: list[Obj], desired: dict[str, str], api_key: str | None) -> None:
+        deadline, asked = self._clock() + self._budget, 0
+        for pod in pods:
+            key = view_key(pod)
+            with self._lock:
+                view = self._views.get(key) or PodView()
+            now = self._clock()
+            if not self._due(view, desired, now):
+                continue
+            if asked >= self._per_pass or now >= deadline:
+                break
+            asked += 1
+            view = self._sync_pod(str(pod["status"]["podIP"]), view, desired, api_key)
+            with self._lock:
+                self._views[key] = view
+                self._views.move_to_end(key)
+                while len(self._views) > self._remembered:
+                    self._views.popitem(last=False)
+
+    def _due(self, view: PodView, desired: dict[str, str], now: float) -> bool:
+        if view.checked_at is None:
+            return now >= view.retry_at
+        if view.desired != desired:  # the spec changed since this pod was last brought in step
+            return True
+        at = self._next_look(view, desired)
+        return now >= (at if at is not None else view.checked_at + self._recheck_after)
+
+    def _sync_pod(self, ip: str, view: PodView, desired: dict[str, str], api_key: str | None) -> PodView:
+        base = f"http://{f'[{ip}]' if ':' in ip else ip}:{self._port}{ADAPTERS_PATH}"
+        try:
+            status, body = self._request("GET", base, None, api_key, self._timeout)
+        except CALL_FAILED as exc:
+            return self._unreachable(view, "ReplicaUnreachable", f"GET {ADAPTERS_PATH}: {exc}")
+        if status != 200:
+            reason = "Unauthorized" if status in (401, 403) else "ReplicaNotAnswering"
+            return self._unreachable(view, reason, f"GET {ADAPTERS_PATH}: {_error(status, body)[1]}")
+        entries = {str(e.get("name")): e for e in body.get("adapters") or [] if isinstance(e, dict)}
+        failed_at = dict(view.failed_at)
+        for name, entry in list(entries.items()):  # DELETE first: it makes room for the PUTs
+            if name in desired or entry.get("state") == "Unloading":
+                continue
+            try:
+                status, body = self._request("DELETE", f"{base}/{name}", None, api_key, self._load_timeout)
+            except CALL_FAILED:
+                entries[name] = {**entry, "state": "Unloading"}  # it drains on; the next pass looks
+                continue
+            if status in (200, 404):
+                del entries[name]
+        now = self._clock()
+        for name, source in desired.items():
+            current = entries.get(name)
+            if current is not None and current.get("source") == source:
+                if current.get("state") in ("Loaded", "Loading"):
+                    continue
+                failed = failed_at.get((name, source))
+                if (
+                    current.get("state") == "Failed"
+                    and failed is not None
+                    and now < failed + self._failed_retry_after
+                ):
+                    continue
+            try:
+                status, body = self._request(
+                    "PUT", f"{base}/{name}", {"source": source}, api_key, self._load_timeout
+                )
+            except CALL_FAILED:
+                entries[name] = {"name": name, "source": source, "state": "Loading"}  # it loads on
+                continue
+            if status == 200:
+                entries[name] = body
+                failed_at.pop((name, source), None)
+            else:
+                kind, message = _error(status, body)
+                entries[name] = {
+                    "name": name,
+                    "source": source,
+                    "state": "Failed",
+                    "reason": kind,
+                    "error": message,
+                }
+                failed_at[(name, source)] = self._clock()
+        return PodView(adapters=entries, checked_at=self._clock(), failed_at=failed_at, desired=dict(desired))
+
+    def _unreachable(self, view: PodView, reason: str, message: str) -> PodView:
+        failures = view.failures + 1
+        delay = min(self._retry_after * 2 ** (failures - 1), self._max_retry_after)
+        return PodView(
+            adapters=view.adapters,
+            checked_at=None,
+            retry_at=self._clock() + delay,
+            failures=failures,
+            problem=(reason, message[:MESSAGE_MAX]),
+            failed_at=view.failed_at,
+        )
+
+    def _next_look(self, view: PodView, desired: dict[str, str]) -> float | None:
+        """When this pod should be looked at again (clock time); None when it is in step."""
+        if view.checked_at is None:
+            return view.retry_at
+        looks = []
+        for name, source in desired.items():
+            entry = view.adapters.get(name) or {}
+            if entry.get("source") != source or entry.get("state") not in ("Loaded", "Failed"):
+                looks.append(view.checked_at + self._requeue_after)
+            elif entry.get("state") == "Failed":
+                failed = view.failed_at.get((name, source), view.checked_at)
+                looks.append(failed + self._failed_retry_after)
+        if any(name not in desired for name in view.adapters):  # still draining
+            looks.append(view.checked_at + self._requeue_after)
+        return min(looks) if looks else None
+
+    def _report(
+        self, pods: list[Obj], desired: dict[str, str], key_problem: tuple[str, str] | None
+    ) -> AdapterReport:
+        now = self._clock()
+        with self._lock:
+            views = [self._views.get(view_key(pod)) or PodView(retry_at=now) for pod in pods]
+        entries, ready_count = [], 0
+        for name, source in desired.items():
+            serving = 0
+            failed: Obj | None = None
+            for view in views:
+                entry = view.adapters.get(name) or {}
+                if view.checked_at is not None and entry.get("source") == source:
+                    if entry.get("state") == "Loaded":
+                        serving += 1
+                    elif entry.get("state") == "Failed" and failed is None:
+                        failed = entry
+            item: Obj = {"name": name, "readyReplicas": serving, "replicas": len(views)}
+            if failed is not None:
+                item.update(state="Failed", reason=str(failed.get("reason") or "AdapterLoadFailed"))
+                item["message"] = str(failed.get("error") or "")[:MESSAGE_MAX]
+            elif views and serving == len(views):
+                item["state"] = "Ready"
+                ready_count += 1
+            else:
+                item["state"] = "Loading"
+                problem = key_problem or next((v.problem for v in views if v.problem), None)
+                if problem is not None:
+                    item.update(reason=problem[0], message=problem[1])
+                elif not views:
+                    item.update(reason="NoReadyReplicas", message="No replica is Ready to load it into")
+            entries.append(item)
+        status: Obj = {"adapters": entries, "adaptersReady": f"{ready_count}/{len(desired)}"}
+        if key_problem is not None:
+            return AdapterReport(status, KEY_RETRY_AFTER)
+        looks = [at for at in (self._next_look(v, desired) for v in views) if at is not None]
+        return AdapterReport(status, max(min(looks) - now, 1.0) if looks else None)
+
+
+def view_key(pod: Obj) -> str:
+    """The pod's uid and its containers' restart count: a runtime restarted in place starts with none of the
+    adapters loaded at run time."""
+    restarts = sum(
+        int(c.get("restartCount") or 0) for c in (pod.get("status") or {}).get("containerStatuses") or []
+    )
+    return f"{(pod.get('metadata') or {}).get('uid')}/{restarts}"
+
+
+def read_api_key(
+    kube: Kube | None, namespace: str, ref: SecretKeyRef
+) -> tuple[str | None, tuple[str, str] | None]:
+    """The runtime's API key from its Secret, or the reason it cannot be read (the operator then asks no pod:
+    every call would be refused). Needs `get` on Secrets (the chart's rbac.secretExistenceCheck)."""
+    where = f"key {ref.key} of Secret {ref.name}"
+    if kube is None:
+        return None, ("APIKeyUnreadable", f"Cannot read {where}: no API client")
+    try:
+        secret = kube.get("v1", "secrets", namespace, ref.name)
+    except KubeError as exc:
+        message = f"Cannot read {where} (HTTP {exc.status}) to call the runtimes' adapters API"
+        if exc.status == 403:
+            message += ": the operator needs `get` on Secrets (Helm value rbac.secretExistenceCheck=true)"
+        return None, ("APIKeyUnreadable", message)
+    value = ((secret or {}).get("data") or {}).get(ref.key)
+    if not value:
+        return None, ("APIKeyUnreadable", f"Cannot read {where}: it does not exist")
+    try:
+        return base64.b64decode(value).decode().strip(), None
+    except (ValueError, UnicodeDecodeError):
+        return None, ("APIKeyUnreadable", f"Cannot read {where}: not base64-encoded UTF-8")
+
+
+def failure_events(previous: Obj, status: Obj) -> list[tuple[str, str]]:
+    """(reason, message) of a Warning Event for each adapter whose failure is new or has a new reason."""
+    before = {str(a.get("name")): a for a in previous.get("adapters") or []}
+    events = []
+    for entry in status.get("adapters") or []:
+        old = before.get(entry["name"]) or {}
+        if entry.get("state") == "Failed" and (
+            old.get("state") != "Failed" or old.get("reason") != entry.get("reason")
+        ):
+            events.append(
+                ("AdapterFailed", f"Adapter {entry['name']}: {entry.get('reason')}: {entry.get('message')}")
+            )
+    return events

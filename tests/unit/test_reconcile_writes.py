@@ -1,0 +1,189 @@
+"""What one pass writes: the children that differ, one Event naming them, the status when it changed (the
+first one once the Deployment controller has reported on the new Deployment).
+
+A recording stand-in for the API client (no cluster in this tier); the integration tests check the same
+against a real API server.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kopf
+import pytest
+
+from pagoda.operator.handlers import NoDiffBase, configure
+from pagoda.operator.reconcile import core, events
+from pagoda.operator.reconcile.cache import ObjectCache
+
+Obj = dict[str, Any]
+SPEC = {"model": {"uri": "hf://pagoda-test/tiny-llama"}, "resources": {"gpu": {"count": 1}}, "replicas": 1}
+NOW = "2026-12-01T00:00:00Z"
+LATER = "2026-12-01T00:00:11Z"  # past the first status's grace
+
+
+class RecordingKube:
+    """Answers writes the way the API server does (the object back, with a new resourceVersion)."""
+
+    def __init__(self, fail_apply: str | None = None) -> None:
+        self.writes: list[tuple[str, str]] = []
+        self.events: list[Obj] = []
+        self.version = 100
+        self.fail_apply = fail_apply
+
+    def _stamp(self, obj: Obj) -> Obj:
+        self.version += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}")
+        return obj
+
+    def apply(self, manifest: Obj, plural: str) -> Obj:
+        if manifest["kind"] == self.fail_apply:
+            raise OSError("connection reset")
+        self.writes.append(("apply", manifest["kind"]))
+        created = self._stamp({**manifest, "status": {}})
+        created["metadata"]["creationTimestamp"] = NOW
+        return created
+
+    def create(self, manifest: Obj, plural: str) -> Obj:
+        self.writes.append(("create", manifest["kind"]))
+        self.events.append(manifest)
+        return manifest
+
+    def patch_status(
+        self, api_version: str, kind: str, plural: str, namespace: str, name: str, status: Obj
+    ) -> Obj:
+        self.writes.append(("patch_status", kind))
+        return self._stamp({**OWNER, "status": status})
+
+    def delete(self, api_version: str, kind: str, plural: str, namespace: str, name: str, uid: str) -> None:
+        self.writes.append(("delete", kind))
+
+    def get_metadata(self, *_: Any) -> Obj | None:
+        return None  # no Secret exists
+
+
+OWNER: Obj = {
+    "apiVersion": "pagoda.dev/v1alpha1",
+    "kind": "InferenceService",
+    "metadata": {
+        "name": "llm",
+        "namespace": "ns",
+        "uid": "uid-owner",
+        "resourceVersion": "1",
+        "generation": 1,
+    },
+    "spec": SPEC,
+}
+
+
+def cache_with(owner: Obj) -> ObjectCache:
+    cache = ObjectCache("InferenceService")
+    cache.observe(owner)
+    return cache
+
+
+def run_pass(kube: RecordingKube, cache: ObjectCache, now: str = NOW) -> core.Outcome:
+    return core.reconcile(kube, "ns", "llm", now=lambda: now, cache=cache)  # type: ignore[arg-type]
+
+
+def controller_reports(cache: ObjectCache, **status: int) -> None:
+    """The Deployment controller's status update, as its watch event would put it in the cache."""
+    deployment = copy.deepcopy(cache.children("ns", "llm")[("Deployment", "llm")])
+    deployment["metadata"]["resourceVersion"] = str(int(deployment["metadata"]["resourceVersion"]) + 100)
+    deployment["status"] = {"observedGeneration": 1, **status}
+    cache.observe(deployment)
+
+
+def test_creation_writes_each_child_once_one_event_and_one_status_after_the_first_report() -> None:
+    kube, cache = RecordingKube(), cache_with(OWNER)
+    outcome = run_pass(kube, cache)
+    assert kube.writes == [
+        ("apply", "Deployment"),
+        ("apply", "Service"),
+        ("apply", "PodDisruptionBudget"),
+        ("create", "Event"),
+    ]
+    assert outcome.result == "applied" and outcome.writes == 3  # the Event is not a write to a child
+    assert outcome.requeue_after == 10.0  # the first status is written by then at the latest
+    (event,) = kube.events
+    assert (event["type"], event["reason"], event["message"]) == (
+        "Normal",
+        "Created",
+        "Created Deployment llm, Service llm, PodDisruptionBudget llm",
+    )
+    assert event["involvedObject"]["uid"] == "uid-owner"
+    # The next pass (the watch events of those writes) sees its own writes in the cache: nothing to do yet.
+    kube.writes.clear()
+    assert run_pass(kube, cache).result == "unchanged"
+    assert kube.writes == []
+    # The Deployment controller's first report: the first status says what it reported.
+    controller_reports(cache, replicas=1, updatedReplicas=1, unavailableReplicas=1)
+    assert run_pass(kube, cache).requeue_after is None
+    assert kube.writes == [("patch_status", "InferenceService")]
+    status = (cache.owner("ns", "llm") or {})["status"]
+    assert (status["replicas"], status["readySummary"]) == (1, "0/1")
+    kube.writes.clear()
+    assert run_pass(kube, cache).result == "unchanged"
+    assert kube.writes == []
+
+
+def test_first_status_is_written_after_the_grace_without_a_report() -> None:
+    kube, cache = RecordingKube(), cache_with(OWNER)
+    run_pass(kube, cache)
+    kube.writes.clear()
+    assert run_pass(kube, cache, now=LATER).requeue_after is None
+    assert kube.writes == [("patch_status", "InferenceService")]
+    status = (cache.owner("ns", "llm") or {})["status"]
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Ready"] == "ReplicasNotReady"
+
+
+def test_a_problem_is_reported_at_once() -> None:
+    owner = copy.deepcopy(OWNER)
+    owner["spec"]["model"]["credentialsSecret"] = "hf-token"  # looked up: not found
+    kube, cache = RecordingKube(), cache_with(owner)
+    run_pass(kube, cache)
+    assert ("patch_status", "InferenceService") in kube.writes
+    status = (cache.owner("ns", "llm") or {})["status"]
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Degraded"] == "SecretNotFound"
+
+
+def test_a_pass_that_fails_half_way_still_names_what_it_changed() -> None:
+    kube, cache = RecordingKube(fail_apply="Service"), cache_with(OWNER)
+    with pytest.raises(OSError):
+        run_pass(kube, cache)
+    assert [e["message"] for e in kube.events] == ["Created Deployment llm"]
+
+
+@pytest.mark.parametrize(
+    ("changes", "reason", "message"),
+    [
+        ([("Updated", "Deployment", "drift")], "Updated", "Updated Deployment drift"),
+        (
+            [("Created", "Deployment", "a"), ("Created", "Service", "a")],
+            "Created",
+            "Created Deployment a, Service a",
+        ),
+        (
+            [("Updated", "Deployment", "a"), ("Created", "ScaledObject", "a"), ("Deleted", "Service", "b")],
+            "Changed",
+            "Updated Deployment a; Created ScaledObject a; Deleted Service b",
+        ),
+    ],
+)
+def test_changes_event_names_every_child(
+    changes: list[tuple[str, str, str]], reason: str, message: str
+) -> None:
+    assert events.changes_event(changes) == (reason, message)
+
+
+def test_kopf_builds_no_diff_base() -> None:
+    """Only on.event handlers: kopf's change detection would deep-copy every watched object for nothing."""
+    settings = kopf.OperatorSettings()
+    configure(settings, watch_timeout=60)
+    assert isinstance(settings.persistence.diffbase_storage, NoDiffBase)
+    body = kopf.Body({"metadata": {"name": "llm"}, "spec": SPEC})
+    assert settings.persistence.diffbase_storage.build(body=body) is None
+    assert settings.persistence.diffbase_storage.fetch(body=body) is None
