@@ -151,6 +151,27 @@ class Watch(threading.Thread):
             return dict(self.seen)
 
 
+class LoadAverage(threading.Thread):
+    """The machine's 1-minute load average, sampled every 2 s while a phase runs (mean and max), so that a
+    run says how busy the shared machine was during each phase: a phase that ran during someone else's
+    burst is not comparable with one that did not."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[float] = []
+        self.stopped = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stopped.wait(0.0 if not self.samples else 2.0):
+            self.samples.append(float(Path("/proc/loadavg").read_text().split()[0]))
+
+    def result(self) -> dict[str, float]:
+        self.stopped.set()
+        self.join()
+        return {"mean": round(statistics.fmean(self.samples), 1), "max": round(max(self.samples), 1)}
+
+
 def deployment_ready(obj: dict[str, Any]) -> bool:
     return int((obj.get("status") or {}).get("readyReplicas") or 0) >= 1
 
@@ -221,6 +242,7 @@ def run_operator(
     peak = rss_mib(pid)
     try:
         ready_watch = Watch(kube, "pagoda.dev/v1alpha1", "inferenceservices", namespace, service_ready)
+        load = LoadAverage()
         started = time.monotonic()
         created_at: dict[str, float] = {}
 
@@ -237,6 +259,7 @@ def run_operator(
 
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(one, range(count)))
+        owners_created = time.monotonic() - started
         applied: float | None = None
         while applied is None or len(ready_watch.seen) < count:  # the RSS and the children count, polled
             peak = max(peak, rss_mib(pid))
@@ -249,6 +272,7 @@ def run_operator(
             ready_watch.check()
             time.sleep(0.5)
         ready = ready_watch.wait(count, timeout, "InferenceServices Ready")
+        load_average = load.result()
         latencies = [ready[name] - created_at[name] for name in ready]
         # Let the last status writes land, then measure an idle period.
         time.sleep(5)
@@ -265,10 +289,12 @@ def run_operator(
         duration_sum = metrics.get(("pagoda_operator_reconcile_duration_seconds_sum", ""), 0.0)
         duration_count = metrics.get(("pagoda_operator_reconcile_duration_seconds_count", ""), 1.0)
         return {
+            "owners_created_s": round(owners_created, 2),
             "children_applied_s": round(applied, 2),
             "all_ready_s": round(max(ready.values()) - started, 2),
             "p50_s": round(statistics.median(latencies), 2),
             "p99_s": round(percentile(latencies, 0.99), 2),
+            "load_average": load_average,
             "rss_peak_mib": round(peak, 1),
             "rss_end_mib": round(rss_mib(pid), 1),
             "idle_seconds": idle,
@@ -312,7 +338,9 @@ def main() -> int:
         cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.pagoda.dev")
         nodes = ensure_nodes(kube, 2 * args.count)
         print(f"Prepared fake GPU nodes count={nodes}", flush=True)
+        load = LoadAverage()
         floor = run_floor(kube, args.count, args.floor_workers, args.timeout)
+        floor["load_average"] = load.result()
         print(f"Measured floor {json.dumps(floor)}", flush=True)
         operated = run_operator(cluster, kube, args.count, args.idle_seconds, args.timeout, args.workers)
         print(f"Measured operator {json.dumps(operated)}", flush=True)

@@ -85,12 +85,14 @@ def api_client(kubeconfig: str | None, pool_size: int) -> client.ApiClient:
 
 
 def refresh(kube: Kube, cache: ObjectCache, namespace: str | None) -> list[dict[str, object]]:
-    """List InferenceServices, every child kind and the pods into the cache (one call per kind), and forget
-    which Secrets were seen; returns the owners."""
+    """List InferenceServices, every child kind and the pods into the cache (one list per kind, read a page
+    at a time so that only the cache's slim copy of each pod is kept), and forget which Secrets were seen;
+    returns the owners."""
     cache.forget_secrets()
     for api_version, kind, plural in WATCHED_KINDS:
         try:
-            cache.replace(api_version, kind, kube.list(api_version, plural, namespace, MANAGED_BY_SELECTOR))
+            pages = kube.list_pages(api_version, plural, namespace, MANAGED_BY_SELECTOR)
+            cache.replace(api_version, kind, pages)
         except KubeError as exc:
             if exc.status != 404:  # 404: that API (e.g. KEDA) is not installed
                 raise

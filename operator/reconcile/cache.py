@@ -12,6 +12,7 @@ which referenced Secrets a pass has seen exist, until the next resync forgets th
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from pagoda.operator.resources.meta import OWNER_LABEL
@@ -111,11 +112,13 @@ class ObjectCache:
         value = _slim_pod(obj) if kind == "Pod" else obj
         return (namespace, owner), (kind, name), {**value, "apiVersion": api_version, "kind": kind}
 
-    def replace(self, api_version: str, kind: str, items: list[Obj]) -> None:
+    def replace(self, api_version: str, kind: str, items: Iterable[Obj]) -> None:
         """Make the cache hold exactly `items` of `kind` (a fresh full list): drops what was missed.
 
         The new state is swapped in under the lock in one step, so a reader never sees an object that is
-        in both the old and the new state missing. A cached copy newer than the listed one is kept."""
+        in both the old and the new state missing. A cached copy newer than the listed one is kept, and so is
+        one of the same version (the same object): a resync of an unchanged cluster then holds no second
+        copy of it while `items` are read."""
         fresh: dict[Key, dict[ChildKey, Obj]] = {}
         owners: dict[Key, Obj] = {}
         for item in items:
@@ -123,6 +126,14 @@ class ObjectCache:
             if entry is None:
                 continue
             owner_key, child_key, value = entry
+            with self._lock:
+                cached = (
+                    self._owners.get(owner_key)
+                    if child_key is None
+                    else self._children.get(owner_key, {}).get(child_key)
+                )
+            if cached is not None and _version(cached) is not None and _version(cached) == _version(value):
+                value = cached
             if child_key is None:
                 owners[owner_key] = value
             else:

@@ -8,6 +8,7 @@ any kind (core, apps, policy, KEDA's CRDs) goes through the same few calls. Ever
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from kubernetes.client import ApiClient
@@ -17,6 +18,7 @@ from pagoda.operator import metrics
 from pagoda.operator.resources.meta import FIELD_MANAGER
 
 REQUEST_TIMEOUT = (5.0, 30.0)
+LIST_PAGE = 100  # objects per page of a paged list (a page of pods is about 1 MB of JSON)
 
 Obj = dict[str, Any]
 
@@ -120,6 +122,24 @@ class Kube:
             "items", []
         )
         return items
+
+    def list_pages(
+        self, api_version: str, plural: str, namespace: str | None, label_selector: str, page: int = LIST_PAGE
+    ) -> Iterator[Obj]:
+        """The items of a list, fetched `page` at a time (one consistent snapshot, like `list`), so a caller
+        that keeps a slimmed copy of each item never holds the whole list at once."""
+        query = [("labelSelector", label_selector), ("limit", str(page))]
+        token = ""
+        while True:
+            data = self._call(
+                "GET",
+                resource_path(api_version, plural, namespace),
+                query=query + ([("continue", token)] if token else []),
+            )
+            yield from data.get("items") or []
+            token = (data.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return
 
     def apply(self, manifest: Obj, plural: str) -> Obj:
         """Server-side apply with our field manager, forcing conflicts (we are the controller)."""

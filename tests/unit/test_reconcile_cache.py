@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 from pagoda.operator.reconcile.cache import ObjectCache
+from pagoda.operator.reconcile.kube import Kube
 
 LABELS = {"pagoda.dev/inferenceservice": "m"}
 
@@ -133,3 +134,44 @@ def test_secrets_seen_are_remembered_until_the_resync_forgets_them() -> None:
     assert cache.secret_seen("ns", "hf-token") and not cache.secret_seen("other", "hf-token")
     cache.forget_secrets()
     assert not cache.secret_seen("ns", "hf-token")
+
+
+def test_a_resync_reads_pods_a_page_at_a_time_and_keeps_them_slim() -> None:
+    """`Kube.list_pages` follows the API server's continue tokens; the cache slims each pod as it comes, so
+    a resync never holds the whole list of full pods."""
+    pods = [
+        {
+            "metadata": {"name": f"m-{i}", "namespace": "ns", "resourceVersion": "5", "labels": LABELS},
+            "spec": {"containers": [{"name": "runtime", "image": "x" * 100}]},
+            "status": {"phase": "Running"},
+        }
+        for i in range(5)
+    ]
+    calls: list[list[tuple[str, str]]] = []
+
+    def call(method: str, path: str, *, query: list[tuple[str, str]], **_: Any) -> dict[str, Any]:
+        calls.append(query)
+        start = int(dict(query).get("continue", "0"))
+        page = pods[start : start + 2]
+        more = {"continue": str(start + 2)} if start + 2 < len(pods) else {}
+        return {"metadata": more, "items": page}
+
+    kube = Kube(None)  # type: ignore[arg-type]
+    kube._call = call  # type: ignore[method-assign]
+    cache = ObjectCache("InferenceService")
+    cache.replace("v1", "Pod", kube.list_pages("v1", "pods", "ns", "a=b", page=2))
+    assert [dict(q).get("continue") for q in calls] == [None, "2", "4"]
+    assert all(("limit", "2") in q and ("labelSelector", "a=b") in q for q in calls)
+    children = cache.children("ns", "m")
+    assert sorted(name for _, name in children) == [f"m-{i}" for i in range(5)]
+    assert all("spec" not in pod for pod in children.values())  # slim: no containers kept
+
+
+def test_a_resync_keeps_the_cached_copy_of_an_unchanged_object() -> None:
+    cache = ObjectCache("InferenceService")
+    cache.observe(obj("Deployment", "m", "10", spec={"replicas": 2}))
+    cached = cache.children("ns", "m")[("Deployment", "m")]
+    cache.replace("apps/v1", "Deployment", [obj("Deployment", "m", "10", spec={"replicas": 2})])
+    assert cache.children("ns", "m")[("Deployment", "m")] is cached  # one copy, not two
+    cache.replace("apps/v1", "Deployment", [obj("Deployment", "m", "11", spec={"replicas": 3})])
+    assert cache.children("ns", "m")[("Deployment", "m")]["spec"] == {"replicas": 3}
