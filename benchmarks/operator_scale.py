@@ -2,8 +2,9 @@
 
 Floor: the same child objects (Deployment, Service, PDB from the same builders) created by a bare client,
 no operator. Then: the operator running, N InferenceServices created at once; time until every child is
-applied and every InferenceService reports Ready; per-object latency p50/p99; the operator's RSS; its API
-writes during an idle period (target 0).
+applied and every InferenceService reports Ready (watched); per-object latency p50/p99; the operator's RSS;
+its API writes per object by kind, and during an idle period (target 0); the ratios of the two phases and
+the machine's load average during each (the machine is shared: compare phases that ran at similar load).
 
     make bench-operator   # = PAGODA_BIN=.pagoda-dev/bin .venv/bin/python benchmarks/operator_scale.py
 """
