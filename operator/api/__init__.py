@@ -8,6 +8,7 @@ from .errors import describe, error_messages, field_path
 from .lora import LoraAdapter, LoraSpec
 from .model import ModelCache, ModelSource
 from .restarts import RestartSchedule, RestartWindow
+from .routing import EndpointPickerSpec, GatewayRef, RoutingSpec
 from .rules import MSG_NAME
 from .scaling import AutoscalingSpec, KvCacheTrigger
 from .spec import InferenceServiceSpec
@@ -54,8 +55,10 @@ __all__ = [
     "Condition",
     "CostSpec",
     "DisruptionSpec",
+    "EndpointPickerSpec",
     "EngineSpec",
     "EnvVar",
+    "GatewayRef",
     "GpuSpec",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
@@ -69,6 +72,7 @@ __all__ = [
     "RestartSchedule",
     "RestartWindow",
     "RolloutSpec",
+    "RoutingSpec",
     "RuntimeSpec",
     "SchedulingSpec",
     "SecretKeyRef",

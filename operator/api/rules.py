@@ -54,6 +54,10 @@ MSG_AUTOSCALING_METRICS = (
     "spec.monitoring.serviceMonitor.enabled to true, or spec.autoscaling.metricsSource to External when "
     "Prometheus scrapes the pods another way"
 )
+MSG_SCALE_FROM_ZERO = (
+    "spec.autoscaling.minReplicas 0 needs spec.routing: only the endpoint picker's queue can hold requests "
+    "and ask for the first replica while none runs; set minReplicas to at least 1 or turn routing on"
+)
 MSG_REPLICAS_XOR = "spec.replicas and spec.autoscaling are mutually exclusive: set one of them"
 MSG_TENSOR_PARALLEL = "spec.engine.tensorParallelSize must equal spec.resources.gpu.count (no GPU left idle)"
 MSG_NAME = "metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"
@@ -145,6 +149,12 @@ SPEC_RULES = [
         " && has(self.monitoring.serviceMonitor.enabled) && self.monitoring.serviceMonitor.enabled)",
         MSG_AUTOSCALING_METRICS,
         ".autoscaling",
+    ),
+    rule(
+        "!has(self.autoscaling) || !has(self.autoscaling.minReplicas) || self.autoscaling.minReplicas >= 1"
+        " || has(self.routing)",
+        MSG_SCALE_FROM_ZERO,
+        ".autoscaling.minReplicas",
     ),
     rule(
         "!has(self.lora) || !has(self.lora.adapters) || self.lora.adapters.all(a, a.name !="

@@ -49,9 +49,11 @@ class AutoscalingSpec(ApiModel):
 
     min_replicas: int = Field(
         default=1,
-        ge=1,
+        ge=0,
         le=1000,
-        description="Fewest replicas (at least 1: the load is measured on the replicas themselves).",
+        description="Fewest replicas. 0 (scale to zero when idle) needs spec.routing: the endpoint "
+        "picker's queue holds the first requests and KEDA starts a replica on it; without routing at "
+        "least 1, since the load is measured on the replicas themselves.",
     )
     max_replicas: int = Field(ge=1, le=1000, description="Most replicas.")
     metric: ScalingMetric | None = Field(

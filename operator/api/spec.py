@@ -10,10 +10,12 @@ from .engine import EngineSpec
 from .lora import LoraSpec
 from .model import ModelSource
 from .restarts import RestartSchedule
+from .routing import RoutingSpec
 from .rules import (
     MSG_ADAPTER_SERVED_NAME,
     MSG_AUTOSCALING_METRICS,
     MSG_REPLICAS_XOR,
+    MSG_SCALE_FROM_ZERO,
     MSG_TENSOR_PARALLEL,
     SPEC_RULES,
     validations,
@@ -67,6 +69,12 @@ class InferenceServiceSpec(ApiModel):
         description="Serve LoRA adapters beside the base model (see docs/lora.md): the engine limits "
         "(changing one restarts the pods) and the adapters (loaded and unloaded at run time, no restart).",
     )
+    routing: RoutingSpec | None = Field(
+        default=None,
+        description="Route requests through the Gateway API Inference Extension (see docs/routing.md): an "
+        "InferencePool of the runtime pods and an endpoint picker (prefix-cache aware, queue and KV-cache "
+        "aware, holds requests while no replica runs); allows autoscaling.minReplicas 0.",
+    )
     cost: CostSpec | None = Field(
         default=None,
         description="Optional prices: cost per 1M generated tokens and break-even against an API "
@@ -83,6 +91,8 @@ class InferenceServiceSpec(ApiModel):
         monitored = self.monitoring.service_monitor.enabled
         if self.autoscaling and self.autoscaling.metrics_source == "ServiceMonitor" and not monitored:
             raise ValueError(MSG_AUTOSCALING_METRICS)
+        if self.autoscaling and self.autoscaling.min_replicas == 0 and self.routing is None:
+            raise ValueError(MSG_SCALE_FROM_ZERO)
         if self.lora and any(adapter.name == self.served_name for adapter in self.lora.adapters):
             raise ValueError(MSG_ADAPTER_SERVED_NAME)
         return self

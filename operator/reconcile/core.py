@@ -31,7 +31,7 @@ from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.compare import matches
 from pagoda.operator.reconcile.kube import Kube, KubeError
-from pagoda.operator.reconcile.pods import POD_KIND
+from pagoda.operator.reconcile.pods import POD_KIND, next_startup_deadline
 from pagoda.operator.reconcile.problems import (
     apply_problem,
     invalid_spec,
@@ -46,6 +46,7 @@ from pagoda.operator.reconcile.status import (
     compute_status,
     degraded_now,
     first_report_wait,
+    parse_time,
     status_changed,
 )
 from pagoda.operator.resources import (
@@ -208,6 +209,10 @@ def _reconcile(
         requeue.append(next_ask)
     if p.adapters is not None and p.adapters.requeue_after is not None:  # an adapter is not Ready yet
         requeue.append(p.adapters.requeue_after)
+    current = parse_time(now())
+    loading = next_startup_deadline(p.pods, current) if current is not None else None
+    if loading is not None:  # a replica still loading: look again when its startup budget runs out
+        requeue.append(loading)
     next_restart = restarts.plan(owner, p.live.get(("Deployment", name)), now()).requeue_after()
     if next_restart is not None:  # the next scheduled restart, or another look at a postponed one
         requeue.append(next_restart)
@@ -411,7 +416,7 @@ def _url(owner: Obj, desired: list[Obj] | None, name: str, namespace: str) -> st
         url = (owner.get("status") or {}).get("url")
         return str(url) if url else None
     for manifest in desired:
-        if manifest["kind"] == "Service":
+        if manifest["kind"] == "Service" and manifest["metadata"]["name"] == name:
             ports = manifest.get("spec", {}).get("ports") or []
             if ports:
                 return service_url(name, namespace, int(ports[0]["port"]))

@@ -161,13 +161,34 @@ def startup_issue(
     )
 
 
-def _loading_too_long(status: Obj, startup: Startup, now: datetime) -> bool:
-    """Running, its startup probe not yet passed, for longer than the budget."""
+def _loading_for(status: Obj, now: datetime) -> float | None:
+    """Seconds a running container has been loading (its startup probe not yet passed); None otherwise."""
     running = (status.get("state") or {}).get("running") or {}
     started = _time(running.get("startedAt"))
     if started is None or status.get("started") is not False:
-        return False
-    return (now - started).total_seconds() > startup.budget
+        return None
+    return (now - started).total_seconds()
+
+
+def _loading_too_long(status: Obj, startup: Startup, now: datetime) -> bool:
+    """Running, its startup probe not yet passed, for longer than the budget."""
+    loading = _loading_for(status, now)
+    return loading is not None and loading > startup.budget
+
+
+def next_startup_deadline(pods: list[Obj], now: datetime) -> float | None:
+    """Seconds until the first container still loading passes its startup budget (when StartupTimeout
+    would apply), so a pass can be queued then rather than at the next resync; None when none is loading."""
+    waits: list[float] = []
+    for pod in pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            startup = startup_budget(pod, str(status.get("name", "")))
+            loading = _loading_for(status, now)
+            if startup is not None and loading is not None and loading <= startup.budget:
+                waits.append(startup.budget - loading + 1.0)
+    return min(waits) if waits else None
 
 
 def _stopped_at_startup_deadline(terminated: Obj, startup: Startup) -> bool:

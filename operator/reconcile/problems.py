@@ -73,15 +73,25 @@ def secret_not_found(namespace: str, missing: list[str]) -> Problem:
     )
 
 
+_DEFAULT_HINT = "install its CRD, or turn off the feature that needs it"
+# What to install for each optional API a child needs, and the spec field that asks for it.
+INSTALL_HINTS = {
+    "ScaledObject": "install KEDA, or remove spec.autoscaling",
+    "ServiceMonitor": "install the Prometheus Operator's CRDs, or set spec.monitoring.serviceMonitor.enabled "
+    "to false",
+    "InferencePool": "install the Gateway API Inference Extension's CRDs (v1.5.0, see docs/routing.md), or "
+    "remove spec.routing",
+    "HTTPRoute": "install the Gateway API CRDs and a Gateway implementation, or remove spec.routing.gateway",
+}
+
+
 def apply_problem(manifest: Obj, exc: KubeError) -> Problem:
     kind = manifest["kind"]
     api_version = manifest["apiVersion"]
     if exc.status == 404:
         return Problem(
             "ApiNotInstalled",
-            f"The API server has no {kind} ({api_version}): install its CRD "
-            "(e.g. KEDA for ScaledObject, the Prometheus Operator for ServiceMonitor) "
-            "or turn the feature off",
+            f"The API server has no {kind} ({api_version}): {INSTALL_HINTS.get(kind, _DEFAULT_HINT)}",
         )
     if exc.status in (400, 422):
         return Problem("ApplyRejected", f"The API server rejected the {kind}: {exc.message}", retry=False)

@@ -55,9 +55,9 @@ def compute_status(
     st = (deployment or {}).get("status") or {}
     want = desired_replicas(deployment) if deployment is not None else 0
     spec = owner.get("spec") or {}
-    stop = blocker(deployment, pods or [], spec, _parse_time(now)) if deployment is not None else None
+    stop = blocker(deployment, pods or [], spec, parse_time(now)) if deployment is not None else None
     conditions = [
-        ready_condition(deployment, problems, stop),
+        ready_condition(deployment, problems, stop, routed=bool(spec.get("routing"))),
         progressing_condition(deployment, problems),
         degraded_condition(deployment, problems, stop),
     ]
@@ -129,7 +129,7 @@ def blocker(deployment: Obj, pods: list[Obj], spec: Obj, now: datetime | None) -
     return None
 
 
-def _parse_time(value: str) -> datetime | None:
+def parse_time(value: str) -> datetime | None:
     try:
         return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
@@ -137,14 +137,23 @@ def _parse_time(value: str) -> datetime | None:
 
 
 def ready_condition(
-    deployment: Obj | None, problems: list[Problem], stop: PodIssue | None = None
+    deployment: Obj | None, problems: list[Problem], stop: PodIssue | None = None, routed: bool = False
 ) -> Condition:
+    """Ready when every desired replica is; at zero replicas only when routed (spec.routing): the endpoint
+    picker then holds the first request and KEDA starts a replica for it."""
     if deployment is None:
         if problems:
             return Condition("Ready", False, problems[0].reason, problems[0].message)
         return Condition("Ready", False, "DeploymentMissing", "The Deployment has not been created yet")
     want = desired_replicas(deployment)
     ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
+    if want == 0 and routed:
+        return Condition(
+            "Ready",
+            True,
+            "ScaledToZero",
+            "No replica runs; the endpoint picker holds the next request while KEDA starts one",
+        )
     if want == 0:
         return Condition("Ready", False, "ScaledToZero", "The Deployment is scaled to 0 replicas")
     if ready >= want:
@@ -230,8 +239,8 @@ def first_report_wait(
         return None
     if (deployment.get("status") or {}).get("observedGeneration") is not None:
         return None
-    created = _parse_time(str((deployment.get("metadata") or {}).get("creationTimestamp") or ""))
-    current = _parse_time(now)
+    created = parse_time(str((deployment.get("metadata") or {}).get("creationTimestamp") or ""))
+    current = parse_time(now)
     if created is None or current is None:
         return None
     left = FIRST_REPORT_GRACE_S - (current - created).total_seconds()

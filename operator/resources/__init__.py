@@ -10,6 +10,7 @@ from .deployment import deployment
 from .meta import labels, selector, selector_string, service_url
 from .pdb import pod_disruption_budget
 from .pod import DEFAULT_RUNTIME_IMAGE
+from .routing import routing_children
 from .scaledobject import scaled_object
 from .service import service
 from .servicemonitor import service_monitor
@@ -21,6 +22,13 @@ CHILD_KINDS: list[tuple[str, str, str]] = [
     ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
+    # spec.routing: the endpoint picker's identity, config and Service, the InferencePool, the HTTPRoute.
+    ("v1", "ServiceAccount", "serviceaccounts"),
+    ("rbac.authorization.k8s.io/v1", "Role", "roles"),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding", "rolebindings"),
+    ("v1", "ConfigMap", "configmaps"),
+    ("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
+    ("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
 ]
 
 
@@ -34,7 +42,8 @@ def desired_children(
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
-    The ScaledObject only when autoscaling is set, the ServiceMonitor only when enabled; a kind in
+    The ScaledObject only when autoscaling is set, the ServiceMonitor only when enabled, the routing objects
+    (resources/routing.py) only with spec.routing; a kind in
     CHILD_KINDS that is missing here is one the controller should delete. `restarted_at` and
     `restarts_since`: the scheduled-restart annotations of the Deployment (see `deployment`).
     """
@@ -44,10 +53,10 @@ def desired_children(
         pod_disruption_budget(name, namespace, spec),
     ]
     if spec.autoscaling is not None:
-        children.append(scaled_object(name, namespace, spec.autoscaling))
+        children.append(scaled_object(name, namespace, spec.autoscaling, routed=spec.routing is not None))
     if spec.monitoring.service_monitor.enabled:
         children.append(service_monitor(name, namespace, spec.monitoring.service_monitor))
-    return children
+    return children + routing_children(name, namespace, spec)
 
 
 __all__ = [

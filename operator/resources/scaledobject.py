@@ -8,6 +8,7 @@ from typing import Any
 from pagoda.operator.api import AutoscalingSpec
 
 from .meta import metadata
+from .routing import QUEUE_METRIC
 
 
 def _series(metric: str, name: str, namespace: str) -> str:
@@ -31,6 +32,12 @@ def kv_cache_query(name: str, namespace: str) -> str:
     return f"max({_series('pagoda_kv_cache_usage_ratio', name, namespace)})"
 
 
+def picker_queue_query(name: str, namespace: str) -> str:
+    """Requests the endpoint picker's flow control holds for this service's pool: exists while no replica
+    runs, so it is what scales from zero."""
+    return f'sum({QUEUE_METRIC}{{namespace="{namespace}",inference_pool="{name}"}})'
+
+
 def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec) -> dict[str, Any]:
     in_flight = autoscaling.scaling_metric == "InFlight"
     return {
@@ -46,8 +53,27 @@ def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec) -> di
     }
 
 
-def scaled_object(name: str, namespace: str, autoscaling: AutoscalingSpec) -> dict[str, Any]:
+def scaled_object(
+    name: str, namespace: str, autoscaling: AutoscalingSpec, routed: bool = False
+) -> dict[str, Any]:
+    """With `routed` (spec.routing), a second trigger on the picker's queue: requests held there count
+    toward the same per-replica target, and one held request starts the first replica (minReplicas 0)."""
     triggers: list[dict[str, Any]] = [_load_trigger(name, namespace, autoscaling)]
+    if routed:
+        triggers.append(
+            {
+                "type": "prometheus",
+                "name": "picker-queue",
+                "metricType": "AverageValue",
+                "metadata": {
+                    "serverAddress": autoscaling.prometheus_address,
+                    "query": picker_queue_query(name, namespace),
+                    "threshold": str(autoscaling.target_per_replica),
+                    # Active (0 -> 1) as soon as one request waits; KEDA's default activation is "> 0".
+                    "activationThreshold": "0",
+                },
+            }
+        )
     if autoscaling.kv_cache_usage is not None:
         triggers.append(
             {

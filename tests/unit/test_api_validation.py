@@ -193,7 +193,26 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
     ("pvc-claim-uppercase", _set("model.uri", "pvc://Models/llama"), "spec.model.uri", r.MSG_URI),
     ("extra-arg-too-long", _set("engine.extraArgs", ["x" * 1025]), "spec.engine.extraArgs[0]", None),
     ("typo-field", _set("replica", 2), "spec.replica", None),
-    ("min-replicas-zero", _set("autoscaling.minReplicas", 0), "spec.autoscaling.minReplicas", None),
+    (
+        "min-replicas-zero-without-routing",
+        _set("autoscaling.minReplicas", 0),
+        "spec.autoscaling.minReplicas",
+        r.MSG_SCALE_FROM_ZERO,
+    ),
+    ("min-replicas-negative", _set("autoscaling.minReplicas", -1), "spec.autoscaling.minReplicas", None),
+    (
+        "picker-queue-timeout-zero",
+        _set("routing", {"endpointPicker": {"queueTimeoutSeconds": 0}}),
+        "spec.routing.endpointPicker.queueTimeoutSeconds",
+        None,
+    ),
+    (
+        "picker-failure-mode-unknown",
+        _set("routing", {"endpointPicker": {"failureMode": "Retry"}}),
+        "spec.routing.endpointPicker.failureMode",
+        None,
+    ),
+    ("gateway-without-name", _set("routing", {"gateway": {}}), "spec.routing.gateway.name", None),
     ("drain-negative", _set("runtime.drainTimeoutSeconds", -1), "spec.runtime.drainTimeoutSeconds", None),
     ("metric-unknown", _set("autoscaling.metric", "Latency"), "spec.autoscaling.metric", None),
     (

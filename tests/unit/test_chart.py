@@ -21,6 +21,7 @@ import yaml
 
 from pagoda.operator.handlers import OBSERVED_KINDS
 from pagoda.operator.resources import CHILD_KINDS
+from pagoda.operator.resources.routing import PICKER_RULES
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "pagoda"
@@ -149,6 +150,11 @@ def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str
         expected[(group, plural)] = {"list", "watch", "create", "patch", "delete"}
     for api_version, _kind, plural in OBSERVED_KINDS:  # watched and listed, never written
         expected[(api_version.rpartition("/")[0], plural)] = {"list", "watch"}
+    # What the endpoint picker's Role grants (spec.routing), which the operator must hold to grant it.
+    for rule in PICKER_RULES:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                expected.setdefault((group, resource), set()).update(rule["verbs"])
     assert granted == expected
 
 

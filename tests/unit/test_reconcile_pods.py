@@ -6,7 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pagoda.operator.reconcile.pods import container_issue, pods_issue, termination_reason
+from pagoda.operator.reconcile.pods import (
+    container_issue,
+    next_startup_deadline,
+    pods_issue,
+    termination_reason,
+)
 
 NOT_FOUND = (
     "ModelNotFound: model file:///models/nope: /models/nope does not exist or is not a directory "
@@ -177,6 +182,22 @@ def test_still_loading_past_the_startup_budget() -> None:
     # initialDelaySeconds counts: 600 + 180 x 10 = 2400 s.
     delayed = with_probe(pod("p", loading("2026-01-01T00:29:59Z")), {**PROBE, "initialDelaySeconds": 600})
     assert pods_issue([delayed], NOW) is None
+
+
+def test_next_pass_is_due_when_a_loading_replica_runs_out_of_budget() -> None:
+    # Started 1000 s before NOW with a 1800 s budget: StartupTimeout applies in 800 s (+1 s past the edge),
+    # so the operator looks again then, not at the next resync.
+    young = with_probe(pod("a", loading("2026-01-01T00:43:20Z")))
+    old = with_probe(pod("b", loading("2026-01-01T00:41:40Z")))  # 1100 s of loading: 700 s left
+    assert next_startup_deadline([young], NOW) == 801.0
+    assert next_startup_deadline([young, old], NOW) == 701.0
+    # Past the budget (already StartupTimeout), no probe, loaded, or being deleted: nothing to wait for.
+    assert next_startup_deadline([with_probe(pod("p", loading("2026-01-01T00:29:59Z")))], NOW) is None
+    assert next_startup_deadline([pod("p", loading("2026-01-01T00:43:20Z"))], NOW) is None
+    started = {**loading("2026-01-01T00:43:20Z"), "started": True}
+    assert next_startup_deadline([with_probe(pod("p", started))], NOW) is None
+    deleting = with_probe(pod("p", loading("2026-01-01T00:43:20Z"), deleting=True))
+    assert next_startup_deadline([deleting], NOW) is None
 
 
 def test_restarted_by_the_startup_probe() -> None:

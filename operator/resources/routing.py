@@ -1,0 +1,324 @@
+"""spec.routing: the InferencePool of the runtime pods and the endpoint picker that serves it, as GIE v1.5.0's
+own chart (config/charts/inferencepool) deploys them per pool, plus an optional HTTPRoute to a Gateway.
+
+The picker's objects are named `<name>-epp` and carry the owner's labels (so the operator finds, watches and
+prunes them), except app.kubernetes.io/name, which names the picker: the runtime's Service and ServiceMonitor
+select on `pagoda-runtime` and must not pick up the picker. The picker's pods carry no owner label at all:
+the operator's pod watch, status and capacity reads are about runtime pods only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+
+from pagoda.operator.api import InferenceServiceSpec, RoutingSpec, ServiceMonitorSpec
+
+from .meta import HTTP_PORT, labels, metadata, selector
+from .quantity import canonical
+
+PICKER_NAME = "pagoda-endpoint-picker"
+PICKER_LABEL = "pagoda.dev/endpoint-picker"
+POOL_API_VERSION = "inference.networking.k8s.io/v1"
+POOL_GROUP = "inference.networking.k8s.io"
+EXTENSION_GROUP = "inference.networking.x-k8s.io"
+GRPC_PORT = 9002
+HEALTH_PORT = 9003
+METRICS_PORT = 9090
+CONFIG_DIR = "/config"
+CONFIG_FILE = "config.yaml"
+# The picker's gRPC health service as GIE's chart probes it (one replica, no leader election).
+HEALTH_SERVICE = "inference-extension"
+# Up to the runtime pods' longest drain (GIE's chart: "should mirror the longest grace period in the pool").
+PICKER_GRACE_SECONDS = 130
+# The picker's own Prometheus metric of requests its flow control holds (the scale-from-zero signal).
+QUEUE_METRIC = "inference_extension_flow_control_queue_size"
+CONFIG_HASH_ANNOTATION = "pagoda.dev/config-hash"
+RUN_AS_USER = 65532  # the distroless image's nonroot user
+
+
+def picker_name(name: str) -> str:
+    return f"{name}-epp"
+
+
+def picker_selector(name: str) -> dict[str, str]:
+    """matchLabels of the picker's Deployment and Service: never the runtime pods'."""
+    return {"app.kubernetes.io/name": PICKER_NAME, PICKER_LABEL: name}
+
+
+def _picker_metadata(name: str, namespace: str) -> dict[str, Any]:
+    child_labels = {
+        **labels(name),
+        "app.kubernetes.io/name": PICKER_NAME,
+        "app.kubernetes.io/component": "endpoint-picker",
+    }
+    return {"name": picker_name(name), "namespace": namespace, "labels": child_labels}
+
+
+def routing_children(name: str, namespace: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """Every routing object spec.routing asks for, in apply order: the picker's identity and config before
+    its Deployment, the pool before the route that points at it."""
+    routing = spec.routing
+    if routing is None:
+        return []
+    children = [
+        service_account(name, namespace),
+        role(name, namespace),
+        role_binding(name, namespace),
+        config_map(name, namespace, routing),
+        picker_deployment(name, namespace, routing),
+        picker_service(name, namespace),
+        inference_pool(name, namespace, routing),
+    ]
+    if spec.monitoring.service_monitor.enabled:
+        children.append(picker_service_monitor(name, namespace, spec.monitoring.service_monitor))
+    if routing.gateway is not None:
+        children.append(http_route(name, namespace, routing))
+    return children
+
+
+def inference_pool(name: str, namespace: str, routing: RoutingSpec) -> dict[str, Any]:
+    """The runtime pods (the Service's selector) on the runtime's port, served by this service's picker."""
+    body = {
+        "selector": {"matchLabels": selector(name)},
+        "targetPorts": [{"number": HTTP_PORT}],
+        "appProtocol": "http",
+        "endpointPickerRef": {
+            "name": picker_name(name),
+            "port": {"number": GRPC_PORT},
+            "failureMode": routing.endpoint_picker.failure_mode,
+        },
+    }
+    return {
+        "apiVersion": POOL_API_VERSION,
+        "kind": "InferencePool",
+        "metadata": metadata(name, namespace),
+        "spec": body,
+    }
+
+
+def picker_config(routing: RoutingSpec) -> dict[str, Any]:
+    """The picker's EndpointPickerConfig: GIE's default scorers (queue depth, KV-cache usage, prefix-cache
+    affinity, weighted as its chart does) and flow control, which holds requests while the pool is saturated
+    or has no ready replica, for at most queueTimeoutSeconds."""
+    return {
+        "apiVersion": f"{EXTENSION_GROUP}/v1alpha1",
+        "kind": "EndpointPickerConfig",
+        "featureGates": ["flowControl"],
+        "plugins": [
+            {"type": "queue-scorer"},
+            {"type": "kv-cache-utilization-scorer"},
+            {"type": "prefix-cache-scorer"},
+            {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
+            {"type": "core-metrics-extractor"},
+        ],
+        "schedulingProfiles": [
+            {
+                "name": "default",
+                "plugins": [
+                    {"pluginRef": "queue-scorer", "weight": 2},
+                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
+                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
+                ],
+            }
+        ],
+        "flowControl": {"defaultRequestTTL": f"{routing.endpoint_picker.queue_timeout_seconds}s"},
+    }
+
+
+def render_config(routing: RoutingSpec) -> str:
+    return yaml.safe_dump(picker_config(routing), sort_keys=False)
+
+
+def config_map(name: str, namespace: str, routing: RoutingSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _picker_metadata(name, namespace),
+        "data": {CONFIG_FILE: render_config(routing)},
+    }
+
+
+def picker_args(name: str, namespace: str) -> list[str]:
+    """The picker's command line as GIE's chart writes it for one pool (pool mode; metrics without auth,
+    since the ServiceMonitor scrapes them like the runtime's)."""
+    return [
+        "--pool-name",
+        name,
+        "--pool-namespace",
+        namespace,
+        "--pool-group",
+        POOL_GROUP,
+        "--config-file",
+        f"{CONFIG_DIR}/{CONFIG_FILE}",
+        "--grpc-port",
+        str(GRPC_PORT),
+        "--grpc-health-port",
+        str(HEALTH_PORT),
+        "--metrics-port",
+        str(METRICS_PORT),
+        "--metrics-endpoint-auth=false",
+        "--tracing=false",
+        "--zap-encoder",
+        "json",
+        "--v",
+        "1",
+    ]
+
+
+def picker_deployment(name: str, namespace: str, routing: RoutingSpec) -> dict[str, Any]:
+    picker = routing.endpoint_picker
+    memory = canonical(picker.memory)
+    probe = {"grpc": {"port": HEALTH_PORT, "service": HEALTH_SERVICE}}
+    container = {
+        "name": "epp",
+        "image": picker.image,
+        "args": picker_args(name, namespace),
+        "env": [
+            {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        ],
+        "ports": [
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "grpc-health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+        "resources": {
+            "requests": {"cpu": canonical(picker.cpu), "memory": memory},
+            "limits": {"memory": memory},
+        },
+        "livenessProbe": {**probe, "initialDelaySeconds": 5, "periodSeconds": 10},
+        "readinessProbe": {**probe, "periodSeconds": 2},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
+    }
+    # The picker reads its config once at start: a changed config rolls the picker.
+    config_hash = hashlib.sha256(render_config(routing).encode()).hexdigest()[:16]
+    template = {
+        "metadata": {
+            "labels": {**picker_selector(name), "app.kubernetes.io/instance": name},
+            "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
+        },
+        "spec": {
+            "serviceAccountName": picker_name(name),
+            "terminationGracePeriodSeconds": PICKER_GRACE_SECONDS,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": RUN_AS_USER,
+                "runAsGroup": RUN_AS_USER,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [container],
+            "volumes": [{"name": "config", "configMap": {"name": picker_name(name)}}],
+        },
+    }
+    body = {
+        # One active picker: its prefix-cache index lives in memory (GIE's chart: Recreate, one replica).
+        "replicas": 1,
+        "strategy": {"type": "Recreate"},
+        "selector": {"matchLabels": picker_selector(name)},
+        "template": template,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _picker_metadata(name, namespace),
+        "spec": body,
+    }
+
+
+def picker_service(name: str, namespace: str) -> dict[str, Any]:
+    body = {
+        "type": "ClusterIP",
+        "selector": picker_selector(name),
+        "ports": [
+            {"name": "grpc-ext-proc", "port": GRPC_PORT, "targetPort": GRPC_PORT, "protocol": "TCP"},
+            {"name": "http-metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"},
+        ],
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _picker_metadata(name, namespace),
+        "spec": body,
+    }
+
+
+def picker_service_monitor(name: str, namespace: str, monitor: ServiceMonitorSpec) -> dict[str, Any]:
+    """The picker's metrics (its flow-control queue drives scaling from zero), scraped like the runtime's."""
+    meta = _picker_metadata(name, namespace)
+    meta["labels"] = {**monitor.labels, **meta["labels"]}
+    body = {
+        "selector": {"matchLabels": picker_selector(name)},
+        "endpoints": [{"port": "http-metrics", "path": "/metrics", "interval": monitor.interval}],
+    }
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta,
+        "spec": body,
+    }
+
+
+def service_account(name: str, namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _picker_metadata(name, namespace)}
+
+
+# What the picker reads (GIE's chart: the pool, the pods, InferenceObjectives and InferenceModelRewrites).
+PICKER_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [POOL_GROUP], "resources": ["inferencepools"], "verbs": ["get", "list", "watch"]},
+    {
+        "apiGroups": [EXTENSION_GROUP],
+        "resources": ["inferenceobjectives", "inferencemodelrewrites"],
+        "verbs": ["get", "list", "watch"],
+    },
+]
+
+
+def role(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _picker_metadata(name, namespace),
+        "rules": PICKER_RULES,
+    }
+
+
+def role_binding(name: str, namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _picker_metadata(name, namespace),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": picker_name(name)},
+        "subjects": [{"kind": "ServiceAccount", "name": picker_name(name), "namespace": namespace}],
+    }
+
+
+def http_route(name: str, namespace: str, routing: RoutingSpec) -> dict[str, Any]:
+    """Attach the pool to the user's Gateway: every path of the listener (or of `hostnames`)."""
+    gateway = routing.gateway
+    assert gateway is not None
+    parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway.name}
+    if gateway.namespace:
+        parent["namespace"] = gateway.namespace
+    rule = {
+        "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
+        "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool", "name": name}],
+        "timeouts": {"request": f"{gateway.request_timeout_seconds}s"},
+    }
+    body: dict[str, Any] = {"parentRefs": [parent], "rules": [rule]}
+    if gateway.hostnames:
+        body["hostnames"] = list(gateway.hostnames)
+    return {
+        "apiVersion": "gateway.networking.k8s.io/v1",
+        "kind": "HTTPRoute",
+        "metadata": metadata(name, namespace),
+        "spec": body,
+    }

@@ -1,0 +1,154 @@
+"""spec.routing's builders: the InferencePool selects exactly the runtime pods, the endpoint picker is never
+mistaken for a runtime pod (and the other way round), its config turns flow control on with the spec's
+timeout, and the ScaledObject scales on the picker's queue only when routed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.reconcile.kube import KubeError
+from pagoda.operator.reconcile.problems import apply_problem
+from pagoda.operator.reconcile.status import ready_condition
+from pagoda.operator.resources import desired_children, labels, selector
+from pagoda.operator.resources.meta import HTTP_PORT
+from pagoda.operator.resources.routing import CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ANNOTATION, QUEUE_METRIC
+
+BASE: dict[str, Any] = {
+    "model": {"uri": "file:///models/tiny", "servedName": "tiny"},
+    "resources": {"gpu": {"count": 1}},
+    "autoscaling": {"minReplicas": 0, "maxReplicas": 3, "targetInFlight": 4},
+    "monitoring": {"serviceMonitor": {"enabled": True}},
+    "routing": {"endpointPicker": {"queueTimeoutSeconds": 240}},
+}
+
+
+def children(spec: dict[str, Any], name: str = "tiny", namespace: str = "ns") -> dict[tuple[str, str], Any]:
+    built = desired_children(name, namespace, InferenceServiceSpec.model_validate(spec))
+    return {(child["kind"], child["metadata"]["name"]): child for child in built}
+
+
+def matches(selector_labels: dict[str, str], pod_labels: dict[str, str]) -> bool:
+    return all(pod_labels.get(key) == value for key, value in selector_labels.items())
+
+
+def test_routing_objects_only_with_spec_routing() -> None:
+    routed = children(BASE)
+    assert {key for key in routed if key[1] == "tiny-epp"} == {
+        ("ServiceAccount", "tiny-epp"),
+        ("Role", "tiny-epp"),
+        ("RoleBinding", "tiny-epp"),
+        ("ConfigMap", "tiny-epp"),
+        ("Deployment", "tiny-epp"),
+        ("Service", "tiny-epp"),
+        ("ServiceMonitor", "tiny-epp"),
+    }
+    assert ("InferencePool", "tiny") in routed
+    assert ("HTTPRoute", "tiny") not in routed  # no gateway named
+    plain = {**BASE, "autoscaling": {"maxReplicas": 3}}
+    del plain["routing"]
+    assert not any(kind in ("InferencePool", "ConfigMap", "Role") for kind, _ in children(plain))
+
+
+def test_pool_selects_the_runtime_pods_and_never_the_picker() -> None:
+    built = children(BASE)
+    pool = built[("InferencePool", "tiny")]["spec"]
+    runtime_pod = built[("Deployment", "tiny")]["spec"]["template"]["metadata"]["labels"]
+    picker_pod = built[("Deployment", "tiny-epp")]["spec"]["template"]["metadata"]["labels"]
+    assert pool["selector"]["matchLabels"] == selector("tiny")
+    assert pool["targetPorts"] == [{"number": HTTP_PORT}]
+    assert pool["endpointPickerRef"]["name"] == "tiny-epp"
+    assert matches(pool["selector"]["matchLabels"], runtime_pod)
+    assert not matches(pool["selector"]["matchLabels"], picker_pod)
+    # Each Service and ServiceMonitor selects its own pods/Services only.
+    runtime_svc, picker_svc = built[("Service", "tiny")], built[("Service", "tiny-epp")]
+    assert not matches(runtime_svc["spec"]["selector"], picker_pod)
+    assert not matches(picker_svc["spec"]["selector"], runtime_pod)
+    assert matches(picker_svc["spec"]["selector"], picker_pod)
+    runtime_monitor = built[("ServiceMonitor", "tiny")]["spec"]["selector"]["matchLabels"]
+    assert not matches(runtime_monitor, picker_svc["metadata"]["labels"])
+    # The picker's pods carry no owner label: the operator's pod watch and status are about runtime pods.
+    assert "pagoda.dev/inferenceservice" not in picker_pod
+    # Its objects do (the operator finds, watches and prunes them by it).
+    for key, child in built.items():
+        assert child["metadata"]["labels"]["pagoda.dev/inferenceservice"] == "tiny", key
+        assert (
+            child["metadata"]["labels"]["app.kubernetes.io/managed-by"]
+            == labels("tiny")["app.kubernetes.io/managed-by"]
+        )
+
+
+def test_picker_reads_the_config_the_operator_writes() -> None:
+    built = children(BASE)
+    deployment = built[("Deployment", "tiny-epp")]["spec"]
+    pod = deployment["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    config_path = args[args.index("--config-file") + 1]
+    mount = pod["containers"][0]["volumeMounts"][0]
+    assert config_path == f"{mount['mountPath']}/{CONFIG_FILE}" and mount["mountPath"] == CONFIG_DIR
+    assert pod["volumes"][0]["configMap"]["name"] == "tiny-epp"
+    assert args[args.index("--pool-name") + 1] == "tiny"
+    assert args[args.index("--pool-namespace") + 1] == "ns"
+    config = yaml.safe_load(built[("ConfigMap", "tiny-epp")]["data"][CONFIG_FILE])
+    assert config["kind"] == "EndpointPickerConfig"
+    assert config["featureGates"] == ["flowControl"]
+    assert config["flowControl"]["defaultRequestTTL"] == "240s"  # never unbounded
+    refs = {ref["pluginRef"] for ref in config["schedulingProfiles"][0]["plugins"]}
+    assert refs == {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
+    assert refs <= {plugin["type"] for plugin in config["plugins"]}
+    assert pod["serviceAccountName"] == built[("RoleBinding", "tiny-epp")]["subjects"][0]["name"]
+
+
+def test_a_changed_picker_config_rolls_the_picker() -> None:
+    def stamp(timeout: int) -> str:
+        spec = {**BASE, "routing": {"endpointPicker": {"queueTimeoutSeconds": timeout}}}
+        template = children(spec)[("Deployment", "tiny-epp")]["spec"]["template"]
+        return str(template["metadata"]["annotations"][CONFIG_HASH_ANNOTATION])
+
+    assert stamp(240) == stamp(240)
+    assert stamp(240) != stamp(300)
+
+
+def test_scaled_object_scales_on_the_picker_queue_only_when_routed() -> None:
+    triggers = children(BASE)[("ScaledObject", "tiny")]["spec"]["triggers"]
+    queue = [t for t in triggers if t["name"] == "picker-queue"]
+    assert len(queue) == 1
+    query = queue[0]["metadata"]["query"]
+    assert QUEUE_METRIC in query and 'inference_pool="tiny"' in query and 'namespace="ns"' in query
+    assert queue[0]["metadata"]["threshold"] == "4"  # the same per-replica target as the load trigger
+    assert children(BASE)[("ScaledObject", "tiny")]["spec"]["minReplicaCount"] == 0
+    plain = {**BASE, "autoscaling": {"maxReplicas": 3}}
+    del plain["routing"]
+    names = [t["name"] for t in children(plain)[("ScaledObject", "tiny")]["spec"]["triggers"]]
+    assert names == ["in-flight"]
+
+
+def test_http_route_points_the_gateway_at_the_pool() -> None:
+    spec = {**BASE, "routing": {"gateway": {"name": "inference", "namespace": "gw", "hostnames": ["a.b"]}}}
+    route = children(spec)[("HTTPRoute", "tiny")]["spec"]
+    assert route["parentRefs"] == [
+        {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "inference", "namespace": "gw"}
+    ]
+    assert route["hostnames"] == ["a.b"]
+    assert route["rules"][0]["backendRefs"] == [
+        {"group": "inference.networking.k8s.io", "kind": "InferencePool", "name": "tiny"}
+    ]
+
+
+@pytest.mark.parametrize(("routed", "ready"), [(True, True), (False, False)])
+def test_zero_replicas_are_ready_only_when_routed(routed: bool, ready: bool) -> None:
+    deployment = {"spec": {"replicas": 0}, "status": {}}
+    condition = ready_condition(deployment, [], None, routed=routed)
+    assert condition.reason == "ScaledToZero" and condition.status is ready
+
+
+def test_missing_inference_pool_crd_says_what_to_install() -> None:
+    manifest = children(BASE)[("InferencePool", "tiny")]
+    problem = apply_problem(
+        manifest, KubeError(404, "NotFound", "the server could not find the requested resource")
+    )
+    assert problem.reason == "ApiNotInstalled"
+    assert "Gateway API Inference Extension" in problem.message and "spec.routing" in problem.message
