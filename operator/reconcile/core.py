@@ -94,6 +94,7 @@ class Pass:
     hpa: Obj | None = None  # the HPA KEDA made from our ScaledObject (watched, not ours to apply)
     capacity: CapacityReader | None = None
     adapters: AdapterReport | None = None  # spec.lora's adapters in the Ready pods (reconcile/adapters.py)
+    restart: restarts.RestartPlan | None = None  # the restart schedule after this pass's writes
     writes: int = 0
     changes: list[tuple[str, str, str]] = field(default_factory=list)  # (verb, kind, name) of children
     requeue: list[float] = field(default_factory=list)  # seconds after which to look again
@@ -199,6 +200,8 @@ def _reconcile(
                 log.info("Started scheduled restart name=%s namespace=%s", name, namespace)
                 p.event("Normal", "ScheduledRestart", restarted)
             p.adapters = adapters.sync(kube, owner, p.pods) if adapters is not None else None
+        # The restart schedule as it stands after this pass's writes: its status, and when to look again.
+        p.restart = restarts.plan(owner, p.live.get(("Deployment", name)), now())
         write_status(p, desired)
     except OwnerGone:
         return Outcome("gone", writes=p.writes)
@@ -213,7 +216,7 @@ def _reconcile(
     loading = next_startup_deadline(p.pods, current) if current is not None else None
     if loading is not None:  # a replica still loading: look again when its startup budget runs out
         requeue.append(loading)
-    next_restart = restarts.plan(owner, p.live.get(("Deployment", name)), now()).requeue_after()
+    next_restart = p.restart.requeue_after() if p.restart is not None else None
     if next_restart is not None:  # the next scheduled restart, or another look at a postponed one
         requeue.append(next_restart)
     return Outcome(
@@ -347,7 +350,7 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
         status["capacity"] = capacity
     elif p.capacity is None and previous.get("capacity"):
         status["capacity"] = previous["capacity"]  # not asked in this pass: keep what was reported
-    restart = restarts.plan(p.owner, p.live.get(("Deployment", p.name)), p.now()).status()
+    restart = p.restart.status() if p.restart is not None else None
     if restart is not None:
         status["restarts"] = restart
     if p.adapters is not None:
