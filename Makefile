@@ -108,6 +108,10 @@ bench-operator: venv tools ## Operator benchmark: 500 InferenceServices vs a bar
 bench-runtime: venv ## Runtime benchmark: Pagoda runtime vs plain vLLM server (docs/benchmarks.md).
 	$(PY) benchmarks/runtime_vs_vllm.py
 
+.PHONY: bench-lora
+bench-lora: venv ## LoRA benchmark: N adapters on one runtime vs N merged runtimes (docs/benchmarks.md).
+	$(PY) benchmarks/bench_lora.py
+
 .PHONY: autoscaling-timeline
 autoscaling-timeline: venv tools prometheus ## Run the autoscaling scenario on real pods; writes docs/autoscaling.{json,png}.
 	PAGODA_BIN=$(BIN) $(PY) -m e2e.autoscaling --out docs/autoscaling

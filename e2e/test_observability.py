@@ -8,7 +8,9 @@ an InferenceService `ml/tiny` (the runtime's labels) has a known spec.cost; the 
 arithmetic on the token rate the load generator itself measured, within 5%.
 The only panels that cannot get data here are the kube-state-metrics Deployment ones (no Deployment backs
 the runtime here): their queries are run too and must be accepted by Prometheus, and are named as such;
-e2e/test_autoscaling.py checks them on real pods.
+e2e/test_autoscaling.py checks them on real pods. So are the LoRA adapter panels (LORA_METRICS): the runtime
+here serves the base model only, and the runtime tier (tests/runtime/test_rt_lora.py) checks the counters
+they read, per adapter.
 """
 
 from __future__ import annotations
@@ -202,6 +204,10 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path
         print(f"\nThe operator's log is {operator.log_path}.")
 
 
+# The LoRA panels' counters exist only on a runtime serving adapters (docs/lora.md#metrics).
+LORA_METRICS = ("pagoda_lora_requests_total", "pagoda_lora_generation_tokens_total")
+
+
 def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
     variables = resolve_variables(prom, board)
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
@@ -210,6 +216,8 @@ def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str
         result = prom.query(expr)  # raises on a PromQL error, naming the query
         if any(metric in expr for metric in KUBE_STATE_METRICS):
             continue  # kube-state-metrics runs with the add-ons: e2e/test_autoscaling.py checks these panels
+        if any(metric in expr for metric in LORA_METRICS):
+            continue  # no adapter is served here: tests/runtime/test_rt_lora.py checks the counters
         if not result:
             empty.append(f"{title} [{legend}]: {expr}")
         results[(title, legend)] = result

@@ -31,7 +31,9 @@ from pagoda.runtime.lora import (
     TokenCounter,
     check_adapter_dir,
     check_name,
+    check_revision,
     check_source,
+    described,
     vllm_error,
 )
 
@@ -51,9 +53,12 @@ class Adapter:
     error: str | None = None
     reason: str | None = None  # the error's type, e.g. AdapterRankTooLarge
     loaded_at: float | None = None
+    revision: str | None = None  # hub revision of an hf:// source; None: the default branch
 
     def as_json(self, tracker: AdapterTracker) -> dict[str, Any]:
         body: dict[str, Any] = {"name": self.name, "source": self.source, "state": self.state}
+        if self.revision is not None:
+            body["revision"] = self.revision
         if self.state in (LOADED, UNLOADING):
             counts = tracker.counts.get(self.name)
             body |= {"path": self.path, "rank": self.rank, "loadedAt": self.loaded_at}
@@ -99,9 +104,10 @@ class AdapterManager:
             raise AdapterError(f"adapter {name} is not loaded", "AdapterNotFound", 404)
         return adapter
 
-    async def load(self, name: str, source: str) -> Adapter:
-        """Load `name` from `source`; the same source again is a no-op, another one replaces it."""
-        check_source(check_name(name), source)
+    async def load(self, name: str, source: str, revision: str | None = None) -> Adapter:
+        """Load `name` from `source` (at `revision`, for hf://); the same source and revision again is a
+        no-op, another one replaces it."""
+        check_revision(name, check_source(check_name(name), source), revision)
         if not self.enabled or self.engine is None:
             raise AdapterError(
                 "LoRA is not enabled on this server: start it with --enable-lora", "LoRADisabled", 409
@@ -110,24 +116,33 @@ class AdapterManager:
             raise AdapterError(f"adapter {name}: that is the base model's name")
         async with self._locks[name]:
             current = self.adapters.get(name)
-            if current and current.state == LOADED and current.source == source:
+            if (
+                current
+                and current.state == LOADED
+                and (current.source, current.revision) == (source, revision)
+            ):
                 return current
             serving = current if current and current.state == LOADED else None
             if serving is None:
-                self.adapters[name] = Adapter(name, source, LOADING)
+                self.adapters[name] = Adapter(name, source, LOADING, revision=revision)
             try:
                 self._check_room(name)
-                new, request = await self._load(name, source)
+                new, request = await self._load(name, source, revision)
             except AdapterError as exc:
                 log.error(
-                    "Failed to load adapter name=%s source=%s reason=%s: %s", name, source, exc.kind, exc
+                    "Failed to load adapter name=%s source=%s revision=%s reason=%s: %s",
+                    *(name, source, revision, exc.kind, exc),
                 )
                 if serving is None:  # a failed replacement keeps the old version serving
-                    self.adapters[name] = Adapter(name, source, FAILED, error=str(exc), reason=exc.kind)
+                    failed = Adapter(name, source, FAILED, error=str(exc), reason=exc.kind, revision=revision)
+                    self.adapters[name] = failed
                 raise
             self.models.lora_requests[name] = request  # from now on requests get the new version
             self.adapters[name] = new
-            log.info("Loaded adapter name=%s source=%s path=%s rank=%s", name, source, new.path, new.rank)
+            log.info(
+                "Loaded adapter name=%s source=%s revision=%s path=%s rank=%s",
+                *(name, source, revision, new.path, new.rank),
+            )
             if serving is not None and serving.lora_id is not None:
                 await self._retire(name, serving.lora_id)
             return new
@@ -162,30 +177,33 @@ class AdapterManager:
                 409,
             )
 
-    async def _load(self, name: str, source: str) -> tuple[Adapter, Any]:
+    async def _load(self, name: str, source: str, revision: str | None) -> tuple[Adapter, Any]:
         """Fetch, check and add to the engine; the Adapter and vLLM's LoRARequest for it."""
         from vllm.lora.request import LoRARequest
 
-        files = await asyncio.to_thread(self._fetch, name, source)
+        files = await asyncio.to_thread(self._fetch, name, source, revision)
         lora_id = self.models.lora_id_counter.inc(1)
         request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=str(files.path))
         request.base_model_name = self.base_name
         try:
             await self.engine.add_lora(request)
         except Exception as exc:
-            message = f"adapter {name} ({source}): {vllm_error(str(exc))}"
+            message = f"adapter {name} ({described(source, revision)}): {vllm_error(str(exc))}"
             raise AdapterError(message, "AdapterLoadFailed", 422) from None
-        adapter = Adapter(name, source, LOADED, lora_id, str(files.path), files.rank, loaded_at=time.time())
+        path, now = str(files.path), time.time()
+        adapter = Adapter(name, source, LOADED, lora_id, path, files.rank, loaded_at=now, revision=revision)
         return adapter, request
 
-    def _fetch(self, name: str, source: str) -> AdapterFiles:
-        """Blocking: download (hf://, s3://) and check the adapter's directory."""
+    def _fetch(self, name: str, source: str, revision: str | None = None) -> AdapterFiles:
+        """Blocking: download (hf://, s3://; an hf:// source at `revision`) and check the adapter's
+        directory."""
         try:
-            path = sources.fetch(sources.parse_model_uri(source), self.cache_dir)
+            path = sources.fetch(sources.parse_model_uri(source), self.cache_dir, revision)
         except sources.ModelSourceError as exc:
             kind = "AdapterSourceNotFound" if exc.reason == "ModelNotFound" else "AdapterDownloadFailed"
-            raise AdapterError(f"adapter {name}: {str(exc).removeprefix('model ')}", kind, 422) from None
-        return check_adapter_dir(name, source, path, self.base_dir, self.max_rank)
+            message = str(exc).removeprefix("model ").replace(source, described(source, revision), 1)
+            raise AdapterError(f"adapter {name}: {message}", kind, 422) from None
+        return check_adapter_dir(name, described(source, revision), path, self.base_dir, self.max_rank)
 
     async def _retire(self, name: str, lora_id: int) -> None:
         try:
@@ -266,7 +284,7 @@ def attach_routes(app: Any, manager: AdapterManager) -> None:
                 adapter = await manager.unload(name)
                 return JSONResponse(adapter.as_json(manager.tracker) | {"state": "Unloaded"})
             else:
-                adapter = await manager.load(name, await _source(request, name))
+                adapter = await manager.load(name, *await _source(request, name))
         except AdapterError as exc:
             return error(exc)
         return JSONResponse(adapter.as_json(manager.tracker))
@@ -275,15 +293,19 @@ def attach_routes(app: Any, manager: AdapterManager) -> None:
     app.add_route(PATH + "/{name}", one_adapter, methods=["GET", "PUT", "DELETE"])
 
 
-async def _source(request: Any, name: str) -> str:
-    """The PUT body: {"source": "<URI>"}."""
+async def _source(request: Any, name: str) -> tuple[str, str | None]:
+    """The PUT body: {"source": "<URI>"}, and "revision" for an hf:// source."""
     try:
         body = await request.json()
     except ValueError:
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("source"), str) or not body["source"]:
         raise AdapterError(
-            f'adapter {name}: send a JSON body {{"source": "<URI>"}} (file://, pvc://, hf://, s3://)'
+            f'adapter {name}: send a JSON body {{"source": "<URI>"}} (file://, pvc://, hf://, s3://), with '
+            '"revision" for an hf:// source'
         )
+    revision = body.get("revision")
+    if revision is not None and not isinstance(revision, str):
+        raise AdapterError(f"adapter {name}: revision must be a string (a branch, tag or commit)")
     source: str = body["source"]
-    return source
+    return source, revision

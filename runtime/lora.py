@@ -52,6 +52,25 @@ def check_source(name: str, source: str) -> str:
     return source
 
 
+def check_revision(name: str, source: str, revision: str | None) -> str | None:
+    """A hub revision (branch, tag or commit) is for an hf:// source only."""
+    if revision is None:
+        return None
+    if not source.startswith("hf://"):
+        raise AdapterError(
+            f"adapter {name} ({source}): a revision is a hub revision (branch, tag or commit) and needs an "
+            "hf:// source"
+        )
+    if not 1 <= len(revision) <= 255:
+        raise AdapterError(f"adapter {name} ({source}): revision must be 1-255 characters")
+    return revision
+
+
+def described(source: str, revision: str | None) -> str:
+    """The source as messages name it: `hf://org/name@v2` with a revision."""
+    return source if revision is None else f"{source}@{revision}"
+
+
 def parse_lora_flag(value: str) -> tuple[str, str]:
     """`--lora NAME=SOURCE` -> (name, source)."""
     name, sep, source = value.partition("=")

@@ -18,6 +18,7 @@ from .rules import (
     ADAPTER_NAME_PATTERN,
     ADAPTER_RULES,
     LORA_RULES,
+    MSG_ADAPTER_REVISION,
     MSG_ADAPTER_URI,
     MSG_LORA_ADAPTERS,
     MSG_LORA_CPU,
@@ -49,6 +50,13 @@ class LoraAdapter(ApiModel):
         "mounted read-only at /mnt/models/<claim>) or file:///path. Changing it replaces the adapter in "
         "each replica without a gap.",
     )
+    revision: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=255,
+        description="Hub revision (branch, tag or commit) of an hf:// adapter, as spec.model.revision is for "
+        "the model; only with an hf:// uri. Changing it replaces the adapter in each replica without a gap.",
+    )
 
     @field_validator("uri")
     @classmethod
@@ -56,6 +64,12 @@ class LoraAdapter(ApiModel):
         if not re.match(URI_PATTERN, value):
             raise ValueError(MSG_ADAPTER_URI)
         return value
+
+    @model_validator(mode="after")
+    def _revision_needs_hf(self) -> LoraAdapter:
+        if self.revision is not None and not self.uri.startswith("hf://"):
+            raise ValueError(MSG_ADAPTER_REVISION)
+        return self
 
     @property
     def pvc_claim(self) -> str | None:

@@ -76,6 +76,9 @@ MSG_ADAPTER_URI = (
     "spec.lora.adapters[].uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or "
     "file:///path"
 )
+MSG_ADAPTER_REVISION = (
+    "spec.lora.adapters[].revision is a hub revision (branch, tag or commit): it needs an hf:// uri"
+)
 MSG_LORA_CPU = "spec.lora.maxCpuLoras must be at least spec.lora.maxLoras"
 MSG_LORA_ADAPTERS = (
     "spec.lora.adapters: more adapters than a replica holds (spec.lora.maxCpuLoras, which defaults to "
@@ -174,7 +177,10 @@ RESTART_SCHEDULE_RULES = [
         ".every",
     )
 ]
-ADAPTER_RULES = [rule(f"self.uri.matches('{URI_PATTERN}')", MSG_ADAPTER_URI, ".uri")]
+ADAPTER_RULES = [
+    rule(f"self.uri.matches('{URI_PATTERN}')", MSG_ADAPTER_URI, ".uri"),
+    rule("!has(self.revision) || self.uri.startsWith('hf://')", MSG_ADAPTER_REVISION, ".revision"),
+]
 # Defaults are not in the CRD: an absent maxLoras is 1, an absent maxCpuLoras is maxLoras.
 _MAX_LORAS = "(has(self.maxLoras) ? self.maxLoras : 1)"
 LORA_RULES = [

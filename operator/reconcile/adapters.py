@@ -3,9 +3,9 @@
 The adapters are not in the pod template (changing them must not restart a pod), so the operator loads them
 through the runtime's adapters API (docs/lora.md): per pass, for each Ready pod that is not known to be in
 step, `GET /v1/pagoda/adapters`, then `DELETE` the adapters the spec no longer names (the runtime drains
-their requests first) and `PUT` those missing or with another source. A new replica is Ready (it serves the
-base model) before it serves the adapters: the pass after it turns Ready loads them, and the status counts
-it as not serving them until then.
+their requests first) and `PUT` those missing or with another source or revision. A new replica is Ready
+(it serves the base model) before it serves the adapters: the pass after it turns Ready loads them, and the
+status counts it as not serving them until then.
 
 What a pass costs is bounded: at most `per_pass` pods are asked, each call has a timeout, and the pass stops
 asking once `budget` seconds are spent; a pod in step is not asked again for `recheck_after` seconds (a
@@ -46,6 +46,8 @@ MESSAGE_MAX = 1024
 # What a call to a pod can raise: unreachable, timed out, a connection closed mid-answer, bad JSON.
 CALL_FAILED = (OSError, ValueError, http.client.HTTPException)
 KEY_RETRY_AFTER = 60.0  # another look at a Secret the operator could not read
+# What the spec asks of one adapter: its source URI and hub revision (None: the default branch).
+Want = tuple[str, str | None]
 
 
 def http_request(
@@ -89,8 +91,8 @@ class PodView:
     retry_at: float = 0.0  # while unreachable, when to ask again
     failures: int = 0
     problem: tuple[str, str] | None = None  # (reason, message) while it cannot be reached
-    failed_at: dict[tuple[str, str], float] = field(default_factory=dict)  # (name, source) -> when it failed
-    desired: dict[str, str] = field(default_factory=dict)  # the adapters it was last brought in step with
+    failed_at: dict[tuple[str, Want], float] = field(default_factory=dict)  # (name, want) -> when it failed
+    desired: dict[str, Want] = field(default_factory=dict)  # the adapters it was last brought in step with
 
 
 @dataclass
@@ -139,7 +141,7 @@ class AdapterSync:
             return None
         if spec.lora is None:
             return AdapterReport({})
-        desired = {adapter.name: adapter.uri for adapter in spec.lora.adapters}
+        desired = {adapter.name: (adapter.uri, adapter.revision) for adapter in spec.lora.adapters}
         ready = [pod for pod in pods if pod_ready(pod) and (pod.get("status") or {}).get("podIP")]
         ready.sort(key=lambda pod: str((pod.get("metadata") or {}).get("name") or ""))  # a stable status
         api_key, key_problem = None, None
@@ -151,7 +153,7 @@ class AdapterSync:
             self._sync_pods(ready, desired, api_key)
         return self._report(ready, desired, key_problem)
 
-    def _sync_pods(self, pods: list[Obj], desired: dict[str, str], api_key: str | None) -> None:
+    def _sync_pods(self, pods: list[Obj], desired: dict[str, Want], api_key: str | None) -> None:
         deadline, asked = self._clock() + self._budget, 0
         for pod in pods:
             key = view_key(pod)
@@ -170,7 +172,7 @@ class AdapterSync:
                 while len(self._views) > self._remembered:
                     self._views.popitem(last=False)
 
-    def _due(self, view: PodView, desired: dict[str, str], now: float) -> bool:
+    def _due(self, view: PodView, desired: dict[str, Want], now: float) -> bool:
         if view.checked_at is None:
             return now >= view.retry_at
         if view.desired != desired:  # the spec changed since this pod was last brought in step
@@ -178,7 +180,7 @@ class AdapterSync:
         at = self._next_look(view, desired)
         return now >= (at if at is not None else view.checked_at + self._recheck_after)
 
-    def _sync_pod(self, ip: str, view: PodView, desired: dict[str, str], api_key: str | None) -> PodView:
+    def _sync_pod(self, ip: str, view: PodView, desired: dict[str, Want], api_key: str | None) -> PodView:
         base = f"http://{f'[{ip}]' if ':' in ip else ip}:{self._port}{ADAPTERS_PATH}"
         try:
             status, body = self._request("GET", base, None, api_key, self._timeout)
@@ -200,38 +202,33 @@ class AdapterSync:
             if status in (200, 404):
                 del entries[name]
         now = self._clock()
-        for name, source in desired.items():
+        for name, want in desired.items():
             current = entries.get(name)
-            if current is not None and current.get("source") == source:
+            if current is not None and serves(current, want):
                 if current.get("state") in ("Loaded", "Loading"):
                     continue
-                failed = failed_at.get((name, source))
+                failed = failed_at.get((name, want))
                 if (
                     current.get("state") == "Failed"
                     and failed is not None
                     and now < failed + self._failed_retry_after
                 ):
                     continue
+            source, revision = want
+            put: Obj = {"source": source} | ({"revision": revision} if revision is not None else {})
+            ask = {"name": name, **put}
             try:
-                status, body = self._request(
-                    "PUT", f"{base}/{name}", {"source": source}, api_key, self._load_timeout
-                )
+                status, body = self._request("PUT", f"{base}/{name}", put, api_key, self._load_timeout)
             except CALL_FAILED:
-                entries[name] = {"name": name, "source": source, "state": "Loading"}  # it loads on
+                entries[name] = {**ask, "state": "Loading"}  # it loads on
                 continue
             if status == 200:
                 entries[name] = body
-                failed_at.pop((name, source), None)
+                failed_at.pop((name, want), None)
             else:
                 kind, message = _error(status, body)
-                entries[name] = {
-                    "name": name,
-                    "source": source,
-                    "state": "Failed",
-                    "reason": kind,
-                    "error": message,
-                }
-                failed_at[(name, source)] = self._clock()
+                entries[name] = {**ask, "state": "Failed", "reason": kind, "error": message}
+                failed_at[(name, want)] = self._clock()
         return PodView(adapters=entries, checked_at=self._clock(), failed_at=failed_at, desired=dict(desired))
 
     def _unreachable(self, view: PodView, reason: str, message: str) -> PodView:
@@ -246,35 +243,35 @@ class AdapterSync:
             failed_at=view.failed_at,
         )
 
-    def _next_look(self, view: PodView, desired: dict[str, str]) -> float | None:
+    def _next_look(self, view: PodView, desired: dict[str, Want]) -> float | None:
         """When this pod should be looked at again (clock time); None when it is in step."""
         if view.checked_at is None:
             return view.retry_at
         looks = []
-        for name, source in desired.items():
+        for name, want in desired.items():
             entry = view.adapters.get(name) or {}
-            if entry.get("source") != source or entry.get("state") not in ("Loaded", "Failed"):
+            if not serves(entry, want) or entry.get("state") not in ("Loaded", "Failed"):
                 looks.append(view.checked_at + self._requeue_after)
             elif entry.get("state") == "Failed":
-                failed = view.failed_at.get((name, source), view.checked_at)
+                failed = view.failed_at.get((name, want), view.checked_at)
                 looks.append(failed + self._failed_retry_after)
         if any(name not in desired for name in view.adapters):  # still draining
             looks.append(view.checked_at + self._requeue_after)
         return min(looks) if looks else None
 
     def _report(
-        self, pods: list[Obj], desired: dict[str, str], key_problem: tuple[str, str] | None
+        self, pods: list[Obj], desired: dict[str, Want], key_problem: tuple[str, str] | None
     ) -> AdapterReport:
         now = self._clock()
         with self._lock:
             views = [self._views.get(view_key(pod)) or PodView(retry_at=now) for pod in pods]
         entries, ready_count = [], 0
-        for name, source in desired.items():
+        for name, want in desired.items():
             serving = 0
             failed: Obj | None = None
             for view in views:
                 entry = view.adapters.get(name) or {}
-                if view.checked_at is not None and entry.get("source") == source:
+                if view.checked_at is not None and serves(entry, want):
                     if entry.get("state") == "Loaded":
                         serving += 1
                     elif entry.get("state") == "Failed" and failed is None:
@@ -299,6 +296,12 @@ class AdapterSync:
             return AdapterReport(status, KEY_RETRY_AFTER)
         looks = [at for at in (self._next_look(v, desired) for v in views) if at is not None]
         return AdapterReport(status, max(min(looks) - now, 1.0) if looks else None)
+
+
+def serves(entry: Obj, want: Want) -> bool:
+    """Whether the runtime's entry is the adapter the spec asks for: the same source and revision (an entry
+    without `revision` is the default branch)."""
+    return entry.get("source") == want[0] and entry.get("revision") == want[1]
 
 
 def view_key(pod: Obj) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from metric_contract import OPERATOR_METRICS, RUNTIME_METRICS
+from metric_contract import LORA_METRICS, OPERATOR_METRICS, RUNTIME_METRICS
 
 from e2e.observability import PromQL, panel_queries, resolve_variables
 
@@ -143,7 +143,7 @@ def test_inferenceservice_dashboard_covers_the_issue() -> None:
 def test_metric_names_are_known() -> None:
     """Runtime, vLLM and kube-state-metrics names, the chart's recorded series and what kube-state-metrics
     exports with the chart's custom-resource-state config: nothing the dashboard cannot get."""
-    allowed_runtime = RUNTIME_METRICS | KUBE_STATE_METRICS | {"up"} | recorded_series()
+    allowed_runtime = RUNTIME_METRICS | LORA_METRICS | KUBE_STATE_METRICS | {"up"} | recorded_series()
     allowed_runtime |= custom_resource_metrics()
     for path in DASHBOARDS:
         for title, expr in targets(load(path)):
