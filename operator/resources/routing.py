@@ -67,8 +67,8 @@ def routing_children(name: str, namespace: str, spec: InferenceServiceSpec) -> l
         service_account(name, namespace),
         role(name, namespace),
         role_binding(name, namespace),
-        config_map(name, namespace, routing),
-        picker_deployment(name, namespace, routing),
+        config_map(name, namespace, spec),
+        picker_deployment(name, namespace, spec),
         picker_service(name, namespace),
         inference_pool(name, namespace, routing),
     ]
@@ -99,45 +99,44 @@ def inference_pool(name: str, namespace: str, routing: RoutingSpec) -> dict[str,
     }
 
 
-def picker_config(routing: RoutingSpec) -> dict[str, Any]:
+def picker_config(spec: InferenceServiceSpec) -> dict[str, Any]:
     """The picker's EndpointPickerConfig: GIE's default scorers (queue depth, KV-cache usage, prefix-cache
-    affinity, weighted as its chart does) and flow control, which holds requests while the pool is saturated
-    or has no ready replica, for at most queueTimeoutSeconds."""
+    affinity, weighted as its chart does), with spec.lora also LoRA affinity (a replica that already has the
+    request's adapter loaded, from the runtime's vllm:lora_requests_info), and flow control, which holds
+    requests while the pool is saturated or has no ready replica, for at most queueTimeoutSeconds."""
+    assert spec.routing is not None
+    scorers = [("queue-scorer", 2), ("kv-cache-utilization-scorer", 2), ("prefix-cache-scorer", 3)]
+    if spec.lora is not None:
+        scorers.append(("lora-affinity-scorer", 1))
     return {
         "apiVersion": f"{EXTENSION_GROUP}/v1alpha1",
         "kind": "EndpointPickerConfig",
         "featureGates": ["flowControl"],
         "plugins": [
-            {"type": "queue-scorer"},
-            {"type": "kv-cache-utilization-scorer"},
-            {"type": "prefix-cache-scorer"},
+            *({"type": scorer} for scorer, _ in scorers),
             {"type": "metrics-data-source", "parameters": {"scheme": "http", "path": "/metrics"}},
             {"type": "core-metrics-extractor"},
         ],
         "schedulingProfiles": [
             {
                 "name": "default",
-                "plugins": [
-                    {"pluginRef": "queue-scorer", "weight": 2},
-                    {"pluginRef": "kv-cache-utilization-scorer", "weight": 2},
-                    {"pluginRef": "prefix-cache-scorer", "weight": 3},
-                ],
+                "plugins": [{"pluginRef": scorer, "weight": weight} for scorer, weight in scorers],
             }
         ],
-        "flowControl": {"defaultRequestTTL": f"{routing.endpoint_picker.queue_timeout_seconds}s"},
+        "flowControl": {"defaultRequestTTL": f"{spec.routing.endpoint_picker.queue_timeout_seconds}s"},
     }
 
 
-def render_config(routing: RoutingSpec) -> str:
-    return yaml.safe_dump(picker_config(routing), sort_keys=False)
+def render_config(spec: InferenceServiceSpec) -> str:
+    return yaml.safe_dump(picker_config(spec), sort_keys=False)
 
 
-def config_map(name: str, namespace: str, routing: RoutingSpec) -> dict[str, Any]:
+def config_map(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _picker_metadata(name, namespace),
-        "data": {CONFIG_FILE: render_config(routing)},
+        "data": {CONFIG_FILE: render_config(spec)},
     }
 
 
@@ -168,8 +167,9 @@ def picker_args(name: str, namespace: str) -> list[str]:
     ]
 
 
-def picker_deployment(name: str, namespace: str, routing: RoutingSpec) -> dict[str, Any]:
-    picker = routing.endpoint_picker
+def picker_deployment(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+    assert spec.routing is not None
+    picker = spec.routing.endpoint_picker
     memory = canonical(picker.memory)
     probe = {"grpc": {"port": HEALTH_PORT, "service": HEALTH_SERVICE}}
     container = {
@@ -199,7 +199,7 @@ def picker_deployment(name: str, namespace: str, routing: RoutingSpec) -> dict[s
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     # The picker reads its config once at start: a changed config rolls the picker.
-    config_hash = hashlib.sha256(render_config(routing).encode()).hexdigest()[:16]
+    config_hash = hashlib.sha256(render_config(spec).encode()).hexdigest()[:16]
     template = {
         "metadata": {
             "labels": {**picker_selector(name), "app.kubernetes.io/instance": name},

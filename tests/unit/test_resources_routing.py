@@ -102,6 +102,16 @@ def test_picker_reads_the_config_the_operator_writes() -> None:
     assert pod["serviceAccountName"] == built[("RoleBinding", "tiny-epp")]["subjects"][0]["name"]
 
 
+def test_lora_affinity_only_with_adapters() -> None:
+    def refs(spec: dict[str, Any]) -> list[str]:
+        config = yaml.safe_load(children(spec)[("ConfigMap", "tiny-epp")]["data"][CONFIG_FILE])
+        return [ref["pluginRef"] for ref in config["schedulingProfiles"][0]["plugins"]]
+
+    assert "lora-affinity-scorer" not in refs(BASE)
+    lora = {**BASE, "lora": {"maxLoras": 2, "adapters": [{"name": "sql", "uri": "file:///models/sql"}]}}
+    assert refs(lora)[-1] == "lora-affinity-scorer"
+
+
 def test_a_changed_picker_config_rolls_the_picker() -> None:
     def stamp(timeout: int) -> str:
         spec = {**BASE, "routing": {"endpointPicker": {"queueTimeoutSeconds": timeout}}}
