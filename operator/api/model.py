@@ -12,6 +12,7 @@ from .rules import (
     MODEL_RULES,
     MSG_CACHE,
     MSG_CACHE_STORAGE_CLASS,
+    MSG_MODEL_REVISION,
     MSG_URI,
     URI_PATTERN,
     validations,
@@ -86,6 +87,12 @@ class ModelSource(ApiModel):
         if not re.match(URI_PATTERN, value):
             raise ValueError(MSG_URI)
         return value
+
+    @model_validator(mode="after")
+    def _revision_needs_hf(self) -> ModelSource:
+        if self.revision is not None and not self.uri.startswith("hf://"):
+            raise ValueError(MSG_MODEL_REVISION)
+        return self
 
     @property
     def scheme(self) -> str:

@@ -20,6 +20,7 @@ URI_PATTERN = rf"^({_HF}|{_S3}|{_PVC}|file:///.*)$"
 OWNED_FLAG_PATTERN = owned_flag_pattern()
 
 MSG_URI = "spec.model.uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path"
+MSG_MODEL_REVISION = "spec.model.revision is a hub revision (branch, tag or commit): it needs an hf:// uri"
 MSG_CACHE = "spec.model.cache: set either pvc or size, not both"
 MSG_CACHE_STORAGE_CLASS = "spec.model.cache.storageClass requires spec.model.cache.size"
 MSG_EXTRA_ARGS = (
@@ -100,7 +101,10 @@ def rule(
     return entry
 
 
-MODEL_RULES = [rule(f"self.uri.matches('{URI_PATTERN}')", MSG_URI, ".uri")]
+MODEL_RULES = [
+    rule(f"self.uri.matches('{URI_PATTERN}')", MSG_URI, ".uri"),
+    rule("!has(self.revision) || self.uri.startsWith('hf://')", MSG_MODEL_REVISION, ".revision"),
+]
 CACHE_RULES = [
     rule("!(has(self.pvc) && has(self.size))", MSG_CACHE),
     rule("!has(self.storageClass) || has(self.size)", MSG_CACHE_STORAGE_CLASS, ".storageClass"),

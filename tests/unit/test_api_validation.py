@@ -49,6 +49,12 @@ def _both(*mutations: Mutation) -> Mutation:
 # (id, mutation, the field path the error must name, the CEL message when a CEL rule mirrors it)
 CASES: list[tuple[str, Mutation, str, str | None]] = [
     ("unknown-scheme", _set("model.uri", "gs://bucket/model"), "spec.model.uri", r.MSG_URI),
+    (
+        "revision-without-hf",
+        _both(_set("model.uri", "s3://bucket/llama"), _set("model.revision", "main")),
+        "spec.model",
+        r.MSG_MODEL_REVISION,
+    ),
     ("hf-without-name", _set("model.uri", "hf://"), "spec.model.uri", r.MSG_URI),
     ("file-relative", _set("model.uri", "file://models/tiny"), "spec.model.uri", r.MSG_URI),
     ("s3-without-key", _set("model.uri", "s3://bucket"), "spec.model.uri", r.MSG_URI),
