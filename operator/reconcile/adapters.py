@@ -21,11 +21,9 @@ from __future__ import annotations
 import base64
 import http.client
 import json
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,8 +31,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec, SecretKeyRef
-from pagoda.operator.reconcile.capacity import pod_ready
 from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
 from pagoda.operator.resources.meta import HTTP_PORT
 
 Obj = dict[str, Any]
@@ -128,9 +126,8 @@ class AdapterSync:
         self._per_pass, self._recheck_after = per_pass, recheck_after
         self._retry_after, self._max_retry_after = retry_after, max_retry_after
         self._failed_retry_after, self._requeue_after = failed_retry_after, requeue_after
-        self._remembered, self._clock = remembered, clock
-        self._lock = threading.Lock()
-        self._views: OrderedDict[str, PodView] = OrderedDict()
+        self._clock = clock
+        self._views: PodMemo[PodView] = PodMemo(remembered)
 
     def sync(self, kube: Kube | None, owner: Obj, pods: list[Obj]) -> AdapterReport | None:
         """Bring the Ready pods in step with the owner's spec.lora and report; None for a spec that does not
@@ -157,20 +154,14 @@ class AdapterSync:
         deadline, asked = self._clock() + self._budget, 0
         for pod in pods:
             key = view_key(pod)
-            with self._lock:
-                view = self._views.get(key) or PodView()
+            view = self._views.get(key) or PodView()
             now = self._clock()
             if not self._due(view, desired, now):
                 continue
             if asked >= self._per_pass or now >= deadline:
                 break
             asked += 1
-            view = self._sync_pod(str(pod["status"]["podIP"]), view, desired, api_key)
-            with self._lock:
-                self._views[key] = view
-                self._views.move_to_end(key)
-                while len(self._views) > self._remembered:
-                    self._views.popitem(last=False)
+            self._views.put(key, self._sync_pod(str(pod["status"]["podIP"]), view, desired, api_key))
 
     def _due(self, view: PodView, desired: dict[str, Want], now: float) -> bool:
         if view.checked_at is None:
@@ -233,7 +224,7 @@ class AdapterSync:
 
     def _unreachable(self, view: PodView, reason: str, message: str) -> PodView:
         failures = view.failures + 1
-        delay = min(self._retry_after * 2 ** (failures - 1), self._max_retry_after)
+        delay = backoff(self._retry_after, self._max_retry_after, failures)
         return PodView(
             adapters=view.adapters,
             checked_at=None,
@@ -263,8 +254,7 @@ class AdapterSync:
         self, pods: list[Obj], desired: dict[str, Want], key_problem: tuple[str, str] | None
     ) -> AdapterReport:
         now = self._clock()
-        with self._lock:
-            views = [self._views.get(view_key(pod)) or PodView(retry_at=now) for pod in pods]
+        views = [self._views.get(view_key(pod)) or PodView(retry_at=now) for pod in pods]
         entries, ready_count = [], 0
         for name, want in desired.items():
             serving = 0

@@ -5,7 +5,8 @@ The runtime answers `GET /v1/pagoda/capacity` with `{"kvCacheTokens", "maxModelL
 operator asks each Ready pod once and remembers the answer by pod uid; a failed ask is retried after
 `retry_after` seconds, doubling with each failure up to `max_retry_after` (a pod the operator cannot reach,
 e.g. behind a NetworkPolicy, costs one short ask every half hour). What a pass costs is bounded: at most
-`per_pass` asks, each with a short timeout, and none for a pod already answered. `status.capacity` is the
+`per_pass` asks, each with a short timeout, and none for a pod already answered. The memory and the back-off
+are podmemo.py's, shared with adapters.py. `status.capacity` is the
 smallest replica's (during a rollout the old and new pods can differ; the smaller is what a client can
 count on).
 """
@@ -13,13 +14,12 @@ count on).
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
 from pagoda.operator.resources.meta import HTTP_PORT
 
 Obj = dict[str, Any]
@@ -33,13 +33,6 @@ def http_fetch(url: str, timeout: float) -> Obj:
     if not isinstance(body, dict):
         raise ValueError(f"{url} answered {body!r}, not an object")
     return body
-
-
-def pod_ready(pod: Obj) -> bool:
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def _capacity(body: Obj) -> Obj | None:
@@ -71,11 +64,9 @@ class CapacityReader:
     ) -> None:
         self._fetch, self._port, self._timeout = fetch, port, timeout
         self._retry_after, self._max_retry_after = retry_after, max_retry_after
-        self._per_pass, self._remembered = per_pass, remembered
-        self._clock = clock
-        self._lock = threading.Lock()
+        self._per_pass, self._clock = per_pass, clock
         # pod uid -> its capacity, or (the monotonic time after which a failed ask may be repeated, failures)
-        self._known: OrderedDict[str, Obj | tuple[float, int]] = OrderedDict()
+        self._known: PodMemo[Obj | tuple[float, int]] = PodMemo(remembered)
 
     def status(self, pods: list[Obj]) -> Obj | None:
         """`status.capacity` from the Ready pods of one service (asking those not asked yet); None when no
@@ -87,8 +78,7 @@ class CapacityReader:
             ip = (pod.get("status") or {}).get("podIP")
             if not uid or not ip or not pod_ready(pod):
                 continue
-            with self._lock:
-                known = self._known.get(uid)
+            known = self._known.get(uid)
             if isinstance(known, dict):
                 answers.append(known)
                 continue
@@ -97,11 +87,8 @@ class CapacityReader:
             asked += 1
             answer = self._ask(str(ip))
             failures = known[1] + 1 if known is not None else 1
-            delay = min(self._retry_after * 2 ** (failures - 1), self._max_retry_after)
-            with self._lock:
-                self._known[uid] = answer if answer is not None else (self._clock() + delay, failures)
-                while len(self._known) > self._remembered:
-                    self._known.popitem(last=False)
+            delay = backoff(self._retry_after, self._max_retry_after, failures)
+            self._known.put(uid, answer if answer is not None else (self._clock() + delay, failures))
             if answer is not None:
                 answers.append(answer)
         if not answers:
@@ -112,11 +99,10 @@ class CapacityReader:
         """Seconds until a Ready pod that has not answered may be asked again (when to repeat the pass);
         None when every Ready pod has answered."""
         waits = []
-        with self._lock:
-            for pod in pods:
-                known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
-                if pod_ready(pod) and (pod.get("status") or {}).get("podIP") and not isinstance(known, dict):
-                    waits.append(max(known[0] - self._clock(), 1.0) if known is not None else 1.0)
+        for pod in pods:
+            known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
+            if pod_ready(pod) and (pod.get("status") or {}).get("podIP") and not isinstance(known, dict):
+                waits.append(max(known[0] - self._clock(), 1.0) if known is not None else 1.0)
         return min(waits) if waits else None
 
     def _ask(self, ip: str) -> Obj | None:

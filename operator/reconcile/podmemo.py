@@ -1,0 +1,54 @@
+"""What the operator remembers about each runtime pod it talks to over HTTP (capacity.py asks each Ready pod
+for its KV-cache capacity, adapters.py brings each Ready pod's LoRA adapters in step): one bounded,
+thread-safe memory per purpose, keyed per pod, and one back-off rule for pods that do not answer.
+
+Reconcile workers share these objects, so every read and write takes the lock; the memory forgets the pods
+it has not touched for longest once it holds `limit` of them (pods come and go, uids are never reused).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any, Generic, TypeVar
+
+V = TypeVar("V")
+Obj = dict[str, Any]
+
+
+def pod_ready(pod: Obj) -> bool:
+    """Ready and not being deleted: a pod worth asking."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def backoff(first: float, most: float, failures: int) -> float:
+    """Seconds before asking a pod again after `failures` failed asks in a row: `first`, doubling, at most
+    `most` (a pod the operator can never reach costs one short ask per `most`)."""
+    return float(min(first * 2 ** max(failures - 1, 0), most))
+
+
+class PodMemo(Generic[V]):
+    """pod key -> what was learnt of it; bounded, least recently written forgotten first."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._items: OrderedDict[str, V] = OrderedDict()
+
+    def get(self, key: str) -> V | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: str, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._limit:
+                self._items.popitem(last=False)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
