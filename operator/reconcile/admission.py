@@ -27,42 +27,47 @@ MAX_DETAIL_CHARS = 2000
 WHERE = "the API server refuses to create the pods"
 
 
+# The refusals recognised, most specific first: (pattern with the object's name and the API server's detail
+# as groups 1 and 2, reason, what the message says after WHERE: {name}, {detail} and {scale} are filled in).
+_RULES: list[tuple[re.Pattern[str], str, str]] = [
+    (
+        _QUOTA,
+        "QuotaExceeded",
+        "ResourceQuota {name} is used up ({detail}); raise the quota (`kubectl describe resourcequota "
+        "{name}`), or lower {scale} or spec.resources.gpu.count",
+    ),
+    (
+        _FAILED_QUOTA,
+        "AdmissionRejected",
+        "ResourceQuota {name} requires requests or limits the pods do not set ({detail}); set "
+        "spec.resources.cpu and spec.resources.memory",
+    ),
+    (
+        _WEBHOOK,
+        "AdmissionRejected",
+        "admission webhook {name} denied them ({detail}); change what it names, or ask the webhook's owners",
+    ),
+    (
+        _POD_SECURITY,
+        "AdmissionRejected",
+        "they violate the namespace's Pod Security level {name} ({detail}); change the namespace's "
+        "pod-security.kubernetes.io/enforce label",
+    ),
+]
+
+
 def replica_failure_issue(condition: Obj, spec: Obj | None = None) -> PodIssue:
     """A Deployment's `ReplicaFailure` condition (status True) as a reason a person can act on; an error
     this does not recognise keeps the Deployment's reason (`FailedCreate`) and message."""
     message = " ".join(str(condition.get("message") or "").split())
     detail = _FORBIDDEN.sub("", message)
-    scale = _scale_field(spec or {})
-    quota = _QUOTA.search(detail)
-    if quota is not None:
-        name = quota.group(1).strip()
-        return PodIssue(
-            "QuotaExceeded",
-            f"{WHERE}: ResourceQuota {name} is used up ({_clip(quota.group(2))}); raise the quota "
-            f"(`kubectl describe resourcequota {name}`), or lower {scale} or spec.resources.gpu.count",
-        )
-    failed = _FAILED_QUOTA.search(detail)
-    if failed is not None:
-        name = failed.group(1).strip()
-        return PodIssue(
-            "AdmissionRejected",
-            f"{WHERE}: ResourceQuota {name} requires requests or limits the pods do not set "
-            f"({_clip(failed.group(2))}); set spec.resources.cpu and spec.resources.memory",
-        )
-    webhook = _WEBHOOK.search(detail)
-    if webhook is not None:
-        return PodIssue(
-            "AdmissionRejected",
-            f"{WHERE}: admission webhook {webhook.group(1)} denied them ({_clip(webhook.group(2))}); change "
-            "what it names, or ask the webhook's owners",
-        )
-    security = _POD_SECURITY.search(detail)
-    if security is not None:
-        return PodIssue(
-            "AdmissionRejected",
-            f"{WHERE}: they violate the namespace's Pod Security level {security.group(1)} "
-            f"({_clip(security.group(2))}); change the namespace's pod-security.kubernetes.io/enforce label",
-        )
+    for pattern, reason, template in _RULES:
+        found = pattern.search(detail)
+        if found is not None:
+            text = template.format(
+                name=found.group(1).strip(), detail=_clip(found.group(2)), scale=_scale_field(spec or {})
+            )
+            return PodIssue(reason, f"{WHERE}: {text}")
     if _LIMIT_RANGE.search(detail):
         return PodIssue(
             "AdmissionRejected",
