@@ -52,6 +52,7 @@ from pagoda.operator.reconcile.status import (
 from pagoda.operator.resources import (
     CHILD_KINDS,
     DEFAULT_RUNTIME_IMAGE,
+    RestartStamps,
     desired_children,
     selector_string,
     service_url,
@@ -233,8 +234,8 @@ def desired_state(
     """The children the spec asks for, with owner references; None and the reason when there are none."""
     try:
         spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
-        stamps = (restart.restarted_at, restart.since) if restart else (None, None)
-        children = desired_children(name, namespace, spec, default_image, *stamps)
+        stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
+        children = desired_children(name, namespace, spec, default_image, stamps)
     except ValidationError as exc:
         return None, [invalid_spec(exc)]
     except (ValueError, TypeError, KeyError) as exc:  # a spec the builders cannot turn into objects

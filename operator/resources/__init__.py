@@ -6,7 +6,7 @@ from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
 
-from .deployment import deployment
+from .deployment import NO_RESTART, RestartStamps, deployment
 from .meta import labels, selector, selector_string, service_url
 from .pdb import pod_disruption_budget
 from .pod import DEFAULT_RUNTIME_IMAGE
@@ -37,18 +37,17 @@ def desired_children(
     namespace: str,
     spec: InferenceServiceSpec,
     default_image: str = DEFAULT_RUNTIME_IMAGE,
-    restarted_at: str | None = None,
-    restarts_since: str | None = None,
+    stamps: RestartStamps = NO_RESTART,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
     The ScaledObject only when autoscaling is set, the ServiceMonitor only when enabled, the routing objects
     (resources/routing.py) only with spec.routing; a kind in
-    CHILD_KINDS that is missing here is one the controller should delete. `restarted_at` and
-    `restarts_since`: the scheduled-restart annotations of the Deployment (see `deployment`).
+    CHILD_KINDS that is missing here is one the controller should delete. `stamps`: the
+    scheduled-restart annotations of the Deployment (see `RestartStamps`).
     """
     children = [
-        deployment(name, namespace, spec, default_image, restarted_at, restarts_since),
+        deployment(name, namespace, spec, default_image, stamps),
         service(name, namespace, spec),
         pod_disruption_budget(name, namespace, spec),
     ]
@@ -62,6 +61,7 @@ def desired_children(
 __all__ = [
     "CHILD_KINDS",
     "DEFAULT_RUNTIME_IMAGE",
+    "RestartStamps",
     "desired_children",
     "labels",
     "selector",

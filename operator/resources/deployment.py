@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
@@ -12,22 +13,30 @@ from .pod import DEFAULT_RUNTIME_IMAGE, pod_template
 PROGRESS_MARGIN_SECONDS = 300
 
 
+@dataclass(frozen=True)
+class RestartStamps:
+    """The scheduled-restart annotations (reconcile/restarts.py), RFC 3339 times: `restarted_at` goes on the
+    pod template (a new value rolls every pod), `since` on the Deployment (when the operator first saw the
+    restart schedule)."""
+
+    restarted_at: str | None = None
+    since: str | None = None
+
+
+NO_RESTART = RestartStamps()
+
+
 def deployment(
     name: str,
     namespace: str,
     spec: InferenceServiceSpec,
     default_image: str = DEFAULT_RUNTIME_IMAGE,
-    restarted_at: str | None = None,
-    restarts_since: str | None = None,
+    stamps: RestartStamps = NO_RESTART,
 ) -> dict[str, Any]:
-    """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field.
-
-    `restarted_at` (RFC 3339) goes on the pod template: a new value rolls every pod. `restarts_since` goes on
-    the Deployment: when the restart schedule was first seen. Both come from reconcile/restarts.py.
-    """
+    """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field."""
     template = pod_template(name, spec, default_image)
-    if restarted_at is not None:
-        template["metadata"]["annotations"] = {RESTARTED_AT_ANNOTATION: restarted_at}
+    if stamps.restarted_at is not None:
+        template["metadata"]["annotations"] = {RESTARTED_AT_ANNOTATION: stamps.restarted_at}
     body: dict[str, Any] = {
         "selector": {"matchLabels": selector(name)},
         "strategy": {
@@ -44,6 +53,6 @@ def deployment(
     if spec.autoscaling is None:
         body = {"replicas": 1 if spec.replicas is None else spec.replicas, **body}
     meta = metadata(name, namespace)
-    if restarts_since is not None:
-        meta["annotations"] = {RESTART_SCHEDULE_SINCE_ANNOTATION: restarts_since}
+    if stamps.since is not None:
+        meta["annotations"] = {RESTART_SCHEDULE_SINCE_ANNOTATION: stamps.since}
     return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": body}

@@ -25,7 +25,7 @@ from pagoda.operator.reconcile.restarts import (
     plan,
     rfc3339,
 )
-from pagoda.operator.resources import desired_children
+from pagoda.operator.resources import RestartStamps, desired_children
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
 
 Obj = dict[str, Any]
@@ -308,7 +308,7 @@ def test_the_builders_carry_the_annotations_only_when_given() -> None:
     assert (
         "annotations" not in plain["metadata"] and "annotations" not in plain["spec"]["template"]["metadata"]
     )
-    stamped = desired_children("llm", "ns", spec, restarted_at=NOW, restarts_since="2026-11-30T00:00:00Z")[0]
+    stamped = desired_children("llm", "ns", spec, stamps=RestartStamps(NOW, "2026-11-30T00:00:00Z"))[0]
     assert stamped["spec"]["template"]["metadata"]["annotations"] == {RESTARTED_AT_ANNOTATION: NOW}
     assert stamped["metadata"]["annotations"] == {RESTART_SCHEDULE_SINCE_ANNOTATION: "2026-11-30T00:00:00Z"}
     # Only the annotation differs: the template is otherwise the same.
