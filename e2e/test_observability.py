@@ -10,7 +10,8 @@ The only panels that cannot get data here are the kube-state-metrics Deployment 
 the runtime here): their queries are run too and must be accepted by Prometheus, and are named as such;
 e2e/test_autoscaling.py checks them on real pods. So are the LoRA adapter panels (LORA_METRICS): the runtime
 here serves the base model only, and the runtime tier (tests/runtime/test_rt_lora.py) checks the counters
-they read, per adapter.
+they read, per adapter; and the routing panels (the endpoint picker's metrics), which e2e/test_routing.py and
+e2e/test_scale_from_zero.py check on the real picker.
 """
 
 from __future__ import annotations
@@ -206,6 +207,8 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path
 
 # The LoRA panels' counters exist only on a runtime serving adapters (docs/lora.md#metrics).
 LORA_METRICS = ("pagoda_lora_requests_total", "pagoda_lora_generation_tokens_total")
+# The routing panels read the endpoint picker's metrics (spec.routing), which no picker serves here.
+PICKER_METRICS = ("inference_extension_",)
 
 
 def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -218,6 +221,8 @@ def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str
             continue  # kube-state-metrics runs with the add-ons: e2e/test_autoscaling.py checks these panels
         if any(metric in expr for metric in LORA_METRICS):
             continue  # no adapter is served here: tests/runtime/test_rt_lora.py checks the counters
+        if any(metric in expr for metric in PICKER_METRICS):
+            continue  # no picker here: e2e/test_routing.py and test_scale_from_zero.py check these panels
         if not result:
             empty.append(f"{title} [{legend}]: {expr}")
         results[(title, legend)] = result

@@ -18,6 +18,15 @@ RUNTIME_METRICS = frozenset(
 )
 # Only with LoRA on (label `adapter` beside `model_name`); vLLM's own `vllm:lora_requests_info` stays exposed.
 LORA_METRICS = frozenset({"pagoda_lora_requests_total", "pagoda_lora_generation_tokens_total"})
+# The Gateway API Inference Extension's endpoint picker (spec.routing; GIE v1.5.0's pkg/epp/metrics), which
+# the routing panels read; checked on the real picker by e2e/test_routing.py and e2e/test_scale_from_zero.py.
+PICKER_METRICS = frozenset(
+    {
+        "inference_extension_flow_control_queue_size",
+        "inference_extension_flow_control_pool_saturation",
+        "inference_extension_scheduler_attempts_total",
+    }
+)
 OPERATOR_METRICS = frozenset(
     {
         "pagoda_operator_reconciles_total",

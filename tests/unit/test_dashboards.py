@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from metric_contract import LORA_METRICS, OPERATOR_METRICS, RUNTIME_METRICS
+from metric_contract import LORA_METRICS, OPERATOR_METRICS, PICKER_METRICS, RUNTIME_METRICS
 
 from e2e.observability import PromQL, panel_queries, resolve_variables
 
@@ -99,6 +99,8 @@ def test_every_query_is_scoped_to_the_selected_service(board: dict[str, Any]) ->
                 "deployment=" in selector
             ):  # kube-state-metrics names the Deployment, which has the service's name
                 assert 'namespace="$namespace", deployment="$service"' in selector, title
+            elif "inference_extension_" in expr:  # the endpoint picker's Service is <name>-epp
+                assert 'namespace="$namespace", service="$service-epp"' in selector, title
             else:
                 assert 'namespace="$namespace", service="$service"' in selector, title
 
@@ -143,7 +145,8 @@ def test_inferenceservice_dashboard_covers_the_issue() -> None:
 def test_metric_names_are_known() -> None:
     """Runtime, vLLM and kube-state-metrics names, the chart's recorded series and what kube-state-metrics
     exports with the chart's custom-resource-state config: nothing the dashboard cannot get."""
-    allowed_runtime = RUNTIME_METRICS | LORA_METRICS | KUBE_STATE_METRICS | {"up"} | recorded_series()
+    allowed_runtime = RUNTIME_METRICS | LORA_METRICS | PICKER_METRICS | KUBE_STATE_METRICS | {"up"}
+    allowed_runtime |= recorded_series()
     allowed_runtime |= custom_resource_metrics()
     for path in DASHBOARDS:
         for title, expr in targets(load(path)):
