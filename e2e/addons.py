@@ -56,6 +56,9 @@ KEDA_CRD_FILES = (
     "eventing.keda.sh_cloudeventsources.yaml",
     "eventing.keda.sh_clustercloudeventsources.yaml",
 )
+# The Gateway API Inference Extension's InferencePool (v1.5.0): what the operator writes for spec.routing and
+# the endpoint picker (e2e/gateway.py) reads. Installed with the add-ons, as a cluster running GIE has it.
+GATEWAY_CRD_FILES = ("inference.networking.k8s.io_inferencepools.yaml",)
 ADAPTER_SERVICE = "keda-metrics-apiserver"
 EXTERNAL_METRICS_GROUP = "external.metrics.k8s.io"
 EXTERNAL_METRICS_APISERVICE = f"v1beta1.{EXTERNAL_METRICS_GROUP}"
@@ -75,7 +78,11 @@ class AddonsMissingError(_procs.StartError):
 
 def check_addon_files(bin_dir: Path) -> None:
     missing = [name for name in ADDON_BINARIES if not os.access(bin_dir / name, os.X_OK)]
-    missing += [f"crds/{name}" for name in KEDA_CRD_FILES if not (bin_dir / "crds" / name).is_file()]
+    missing += [
+        f"crds/{name}"
+        for name in (*KEDA_CRD_FILES, *GATEWAY_CRD_FILES)
+        if not (bin_dir / "crds" / name).is_file()
+    ]
     if missing:
         raise AddonsMissingError(
             f"The add-ons' files are missing from {bin_dir} (PAGODA_BIN): {', '.join(missing)}. "
@@ -223,12 +230,21 @@ def write_keda_certs(directory: Path) -> TlsDir:
 
 def install_keda_crds(cluster: Cluster, timeout: float = 60.0) -> None:
     """Applies all six KEDA CRDs and the `keda` namespace; waits until the CRDs are Established."""
-    crd_dir = cluster.bin_dir / "crds"
-    files = [f"--filename={crd_dir / name}" for name in KEDA_CRD_FILES]
-    _kubectl(cluster, *APPLY, *files)
     _apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KEDA_NAMESPACE}}])
+    install_crds(cluster, KEDA_CRD_FILES, timeout)
+
+
+def install_gateway_crds(cluster: Cluster, timeout: float = 60.0) -> None:
+    """Applies the InferencePool CRD; waits until it is Established."""
+    install_crds(cluster, GATEWAY_CRD_FILES, timeout)
+
+
+def install_crds(cluster: Cluster, files: tuple[str, ...], timeout: float) -> None:
+    """Applies the CRD files (from the cluster's bin_dir/crds); waits until they are Established."""
+    crd_dir = cluster.bin_dir / "crds"
+    _kubectl(cluster, *APPLY, *[f"--filename={crd_dir / name}" for name in files])
     names = []
-    for name in KEDA_CRD_FILES:
+    for name in files:
         names += [
             f"crd/{doc['metadata']['name']}"
             for doc in yaml.safe_load_all((crd_dir / name).read_text())
@@ -467,6 +483,7 @@ def start_addons(cluster: Cluster, *, detach: bool = False, timeout: float = STA
     ksm = KubeStateMetrics(cluster, cluster.workdir / "logs", detach=detach)
     ksm.start(ksm.args())
     try:
+        install_gateway_crds(cluster, timeout=timeout)
         keda = start_keda(cluster, detach=detach, timeout=timeout)
         try:
             ksm.wait_ready(deadline)

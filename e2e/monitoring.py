@@ -37,6 +37,14 @@ from e2e.observability import SCRAPE_INTERVAL, prometheus_binary
 from e2e.prometheus_sd import TlsFiles, endpointslice_targets, scrape_configs, with_file_sd
 
 SYNC_SECONDS = 2.0
+# Harness processes that stand in for a pod but listen on loopback (the endpoint picker, e2e/gateway.py) each
+# write a file_sd file into <workdir>/local-targets/ with the labels their ServiceMonitor would give
+# (namespace, service, ...); one job reads them all, and Prometheus picks up new files by itself.
+LOCAL_TARGETS_JOB = "local-targets"
+
+
+def local_targets_dir(workdir: Path) -> Path:
+    return workdir / LOCAL_TARGETS_JOB
 
 
 def api_server_tls(kubeconfig: Path) -> tuple[str, TlsFiles]:
@@ -88,6 +96,8 @@ def discover(api: Any, kubeconfig: Path, workdir: Path, static: dict[str, str]) 
             path, json.dumps(endpointslice_targets(config, slices, services, pods), sort_keys=True)
         )
         jobs.append(with_file_sd(config, path))
+    local = {"files": [str(local_targets_dir(workdir) / "*.json")], "refresh_interval": "1s"}
+    jobs.append({"job_name": LOCAL_TARGETS_JOB, "file_sd_configs": [local]})
     settings = {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL}
     return yaml.safe_dump({"global": settings, "scrape_configs": jobs}, sort_keys=False)
 
@@ -107,7 +117,7 @@ def run(kubeconfig: Path, workdir: Path, port: int, static: dict[str, str]) -> i
     from kubernetes import config as kube_config
 
     api = kube_config.new_client_from_config(config_file=str(kubeconfig))
-    workdir.mkdir(parents=True, exist_ok=True)
+    local_targets_dir(workdir).mkdir(parents=True, exist_ok=True)
     config_path = workdir / "prometheus.yml"
     write_if_changed(config_path, discover(api, kubeconfig, workdir, static) or "")
     args = [

@@ -1,0 +1,201 @@
+"""spec.routing end to end (issue #9): requests sent to Envoy are routed by the Gateway API Inference
+Extension's real endpoint picker (GIE v1.5.0) to the real runtime pods of a two-replica service.
+
+The operator writes the InferencePool and the picker's Deployment, ConfigMap and Service; the harness
+(e2e/gateway.py) runs the real picker from them and Envoy in front of it, on loopback.
+1. Chat and streamed chat completions through Envoy succeed, each served by a Ready pod of the pool: the pod
+   that Envoy names (x-pagoda-upstream) is the one whose own vLLM counter of finished requests went up by one.
+2. The picker's flow-control queue metric reaches Prometheus, labelled with the service's namespace and the
+   picker's Service, queryable by the pool's name.
+3. Deleting the pod that serves the load fails no request: the picker drops a pod once it is terminating
+   (during its preStop sleep, before the runtime drains), and requests already at it finish.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from e2e.cluster import Cluster
+from e2e.fixtures import tiny_sample
+from e2e.gateway import UPSTREAM_HEADER, Gateway, start_gateway
+from e2e.observability import Load
+from e2e.processes import OperatorProcess, wait_until
+from e2e.realpods import pods, ready_pods, wait_condition
+from e2e.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+NAMESPACE = "routing"
+NAME = "tiny"
+REPLICAS = 2
+FINISHED = "vllm:request_success_total"  # vLLM's own count of finished requests, per pod
+QUEUE_METRIC = "inference_extension_flow_control_queue_size"
+
+
+@pytest.fixture(scope="module")
+def serving(cluster: Cluster, stack: Stack, operator: OperatorProcess) -> Iterator[str]:
+    """A Ready two-replica `tiny` service with spec.routing (the stack installs the InferencePool CRD)."""
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    sample = tiny_sample(NAMESPACE, NAME, real_pods=True)
+    sample["spec"]["replicas"] = REPLICAS
+    sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900  # engines start slowly on two shared cores
+    sample["spec"]["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 300}}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+    try:
+        wait_condition(cluster, NAMESPACE, NAME, "Ready", timeout=600)
+        wait_until(lambda: len(ready_pods(cluster, NAMESPACE, NAME)) == REPLICAS, "2 Ready pods", timeout=600)
+        yield NAMESPACE
+    finally:
+        cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def gateway(cluster: Cluster, serving: str) -> Iterator[Gateway]:
+    with start_gateway(cluster, NAME, serving) as running:
+        # The picker lists the pool's Ready pods (its pool gauge is refreshed every 5 s).
+        wait_until(
+            lambda: picker_value(running, "inference_pool_ready_pods", name=NAME) == REPLICAS,
+            "the picker to see both Ready pods",
+            timeout=60,
+        )
+        yield running
+
+
+def samples(url: str) -> list[tuple[str, dict[str, str], float]]:
+    text = httpx.get(url, timeout=10).text
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def picker_value(gateway: Gateway, metric: str, **labels: str) -> float | None:
+    found = [
+        v
+        for n, got, v in samples(gateway.picker_metrics_url)
+        if n == metric and labels.items() <= got.items()
+    ]
+    return sum(found) if found else None
+
+
+def finished(ip: str) -> float:
+    """The pod's count of finished requests, as vLLM counts them."""
+    return sum(v for n, _, v in samples(f"http://{ip}:8000/metrics") if n == FINISHED)
+
+
+def wait_finished(ip: str, count: float) -> None:
+    """vLLM counts a request once it has finished, which may be a moment after the response."""
+    wait_until(lambda: finished(ip) == count, f"{ip} to count {count:.0f} finished requests", timeout=10)
+
+
+def ready_ips(cluster: Cluster) -> set[str]:
+    return {p["status"]["podIP"] for p in ready_pods(cluster, NAMESPACE, NAME)}
+
+
+def chat(gateway: Gateway, *, stream: bool, text: str) -> tuple[httpx.Response, str, int]:
+    """One chat completion through Envoy; (response, content, completion tokens)."""
+    body: dict[str, Any] = {
+        "model": NAME,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    if not stream:
+        reply = httpx.post(f"{gateway.url}/v1/chat/completions", json=body, timeout=300)
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        return reply, answer["choices"][0]["message"]["content"], answer["usage"]["completion_tokens"]
+    body |= {"stream": True, "stream_options": {"include_usage": True}}
+    content, tokens, done = "", 0, False
+    with httpx.stream("POST", f"{gateway.url}/v1/chat/completions", json=body, timeout=300) as reply:
+        assert reply.status_code == 200, reply.read().decode()
+        for line in reply.iter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                chunk = json.loads(line.removeprefix("data: "))
+                content += "".join(c["delta"].get("content") or "" for c in chunk["choices"])
+                tokens = (chunk.get("usage") or {}).get("completion_tokens", tokens)
+    assert done, "the stream ended without [DONE]"
+    return reply, content, tokens
+
+
+def test_chat_and_streamed_chat_through_envoy_are_served_by_ready_pods(
+    cluster: Cluster, gateway: Gateway
+) -> None:
+    ready = ready_ips(cluster)
+    assert len(ready) == REPLICAS
+    for n, stream in enumerate([False, True, False, True]):
+        before = {ip: finished(ip) for ip in ready}
+        reply, content, tokens = chat(gateway, stream=stream, text=f"Question {n}: what is a GPU?")
+        assert tokens > 0 and isinstance(content, str), (content, tokens)
+        ip, _, port = reply.headers[UPSTREAM_HEADER].rpartition(":")
+        assert ip in ready and port == "8000", (reply.headers[UPSTREAM_HEADER], ready)
+        # The pod Envoy names finished exactly this request; the other one none (vLLM counts at the end).
+        wait_finished(ip, before[ip] + 1)
+        assert {other: finished(other) for other in ready - {ip}} == {o: before[o] for o in ready - {ip}}
+
+
+def test_the_pickers_queue_metric_reaches_prometheus(
+    cluster: Cluster, gateway: Gateway, stack: Stack
+) -> None:
+    chat(gateway, stream=False, text="Hello")  # the queue's series exists once a request went through it
+    series = [labels for n, labels, _ in samples(gateway.picker_metrics_url) if n == QUEUE_METRIC]
+    assert series and {s["inference_pool"] for s in series} == {NAME}, series  # the pool's plain name
+    query = f'sum({QUEUE_METRIC}{{namespace="{NAMESPACE}",inference_pool="{NAME}"}})'
+
+    def result() -> list[dict[str, Any]] | None:
+        answer = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": query}, timeout=10).json()
+        assert answer["status"] == "success", answer
+        found: list[dict[str, Any]] = answer["data"]["result"]
+        return found or None
+
+    [row] = wait_until(result, f"Prometheus to answer {query}", timeout=60, interval=1)
+    assert float(row["value"][1]) == 0.0  # nothing waits now
+    by_labels = f'count by (service, job) ({QUEUE_METRIC}{{namespace="{NAMESPACE}"}})'
+    answer = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": by_labels}, timeout=10).json()
+    assert [r["metric"] for r in answer["data"]["result"]] == [
+        {"service": f"{NAME}-epp", "job": f"{NAME}-epp"}
+    ]
+
+
+def test_a_pod_deleted_under_load_through_envoy_fails_no_request(cluster: Cluster, gateway: Gateway) -> None:
+    ready = ready_ips(cluster)
+    before = {ip: finished(ip) for ip in ready}
+    load = Load(gateway.url, NAME, clients=2, pause=0.25, max_seconds=600).start()
+    try:
+        wait_until(lambda: load.completed >= 8, "requests to complete through Envoy", timeout=180)
+        # The busiest pod: the picker's prefix-cache affinity may send most of this load to one of them.
+        served = {ip: finished(ip) - before[ip] for ip in ready}
+        busiest = max(served, key=lambda ip: served[ip])
+        [victim] = [p for p in pods(cluster, NAMESPACE, NAME) if p["status"].get("podIP") == busiest]
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
+        at_deletion = load.completed
+        wait_until(
+            lambda: not any(p["metadata"]["uid"] == victim["metadata"]["uid"] for p in _all_pods(cluster)),
+            "the deleted pod to be gone",
+            timeout=120,
+            interval=1,
+        )
+        done = load.completed
+        wait_until(lambda: load.completed >= done + 8, "more requests after the pod went", timeout=180)
+    finally:
+        load.stop()
+    assert served[busiest] > 0, served
+    assert load.failures == [], load.failures
+    assert done > at_deletion  # requests completed while the pod terminated (preStop sleep, drain)
+
+
+def _all_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """Every pod of the service, terminating ones included."""
+    found: list[dict[str, Any]] = json.loads(
+        cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout
+    )["items"]
+    return found
