@@ -1,0 +1,186 @@
+"""Scale from zero, end to end on real components: a routed InferenceService (spec.routing) with
+autoscaling.minReplicas 0 idles at zero replicas (Ready, reason ScaledToZero); ten requests arrive at once
+through Envoy; the endpoint picker's flow control holds them all (its queue metric, scraped by Prometheus,
+reads them); KEDA's picker-queue trigger activates and scales the Deployment to one; the pod starts a real
+runtime and becomes Ready; the picker dispatches the held requests to it and all ten succeed. The cold start
+(first request sent -> first token) is measured. With nothing in flight, KEDA takes the service back to zero
+after the cooldown."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from e2e.fixtures import tiny_sample
+from e2e.gateway import start_gateway
+from e2e.observability import PrometheusAt, dashboard, panel_queries
+from e2e.processes import OperatorProcess, wait_until
+from e2e.realpods import condition, get_json, isvc, pods
+from e2e.stack import Stack
+from pagoda.operator.resources.scaledobject import picker_queue_query
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+NAME = "zero"
+REQUESTS = 10
+POLLING_SECONDS, COOLDOWN_SECONDS = 5, 30
+PICKS = "inference_extension_scheduler_attempts_total"
+
+
+def routed_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
+    sample = tiny_sample(namespace, NAME, real_pods=True)
+    spec = sample["spec"]
+    spec.pop("replicas")
+    spec["runtime"]["startupTimeoutSeconds"] = 900
+    spec["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": "2s"}}
+    spec["autoscaling"] = {
+        "minReplicas": 0,
+        "maxReplicas": 1,
+        "metric": "InFlight",
+        "targetInFlight": 4,
+        "pollingInterval": POLLING_SECONDS,
+        "cooldownPeriod": COOLDOWN_SECONDS,
+        "prometheusAddress": prometheus_url,
+    }
+    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600}}
+    return sample
+
+
+def query_value(prometheus: PrometheusAt, expr: str) -> float | None:
+    result = prometheus.query(expr)
+    return float(result[0]["value"][1]) if result else None
+
+
+def deployment_replicas(stack: Stack, namespace: str) -> int:
+    deployment = get_json(stack.cluster, "-n", namespace, "deployment", NAME)
+    return int(deployment["spec"].get("replicas", 1))
+
+
+def at_zero(stack: Stack, namespace: str) -> bool:
+    """KEDA scaled the Deployment to zero, no pod is left, and the service says so."""
+    ready = condition(isvc(stack.cluster, namespace, NAME), "Ready")
+    return (
+        deployment_replicas(stack, namespace) == 0
+        and not pods(stack.cluster, namespace, NAME)
+        and (ready.get("status"), ready.get("reason")) == ("True", "ScaledToZero")
+    )
+
+
+class Request:
+    """One streamed chat completion through Envoy, timed from when it was sent."""
+
+    def __init__(self, url: str, n: int, t0: float) -> None:
+        self.url, self.n, self.t0 = url, n, t0
+        self.status: int | None = None
+        self.first_token: float | None = None
+        self.done: float | None = None
+        self.text = ""
+        self.error: str | None = None
+        self.upstream: str | None = None
+
+    def run(self) -> None:
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"request {self.n}: say something"}],
+            "max_tokens": 8,
+            "stream": True,
+        }
+        try:
+            with httpx.Client(timeout=900) as client:
+                with client.stream("POST", f"{self.url}/v1/chat/completions", json=body) as response:
+                    self.status = response.status_code
+                    self.upstream = response.headers.get("x-pagoda-upstream")
+                    for line in response.iter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        for choice in json.loads(line[6:]).get("choices", []):
+                            content = choice.get("delta", {}).get("content")
+                            if content:
+                                self.first_token = self.first_token or time.monotonic() - self.t0
+                                self.text += content
+            self.done = time.monotonic() - self.t0
+        except httpx.HTTPError as exc:
+            self.error = repr(exc)
+
+
+def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
+    stack: Stack, operator: OperatorProcess, namespace: str
+) -> None:
+    cluster = stack.cluster
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace, stack.prometheus_url)))
+    # The Deployment starts at one replica; with no request anywhere KEDA takes it to zero.
+    wait_until(
+        lambda: at_zero(stack, namespace), "the service at zero replicas, Ready ScaledToZero", 300, 1.0
+    )
+    scaled = get_json(cluster, "-n", namespace, "scaledobject", NAME)
+    assert [t["name"] for t in scaled["spec"]["triggers"]] == ["in-flight", "picker-queue"]
+
+    prometheus = PrometheusAt(stack.prometheus_url)
+    t_start = time.time()
+    with start_gateway(cluster, NAME, namespace) as gateway:
+        t0 = time.monotonic()
+        requests = [Request(gateway.url, n, t0) for n in range(REQUESTS)]
+        threads = [threading.Thread(target=r.run) for r in requests]
+        for thread in threads:
+            thread.start()
+
+        # Held by the picker, seen by Prometheus through the picker's ServiceMonitor labels.
+        query = picker_queue_query(NAME, namespace)
+        held = wait_until(
+            lambda: (v := query_value(prometheus, query)) is not None and v >= 1 and v,
+            "the picker's queue in Prometheus",
+            120,
+            1.0,
+        )
+        assert all(r.status is None for r in requests), "a request was answered while no replica ran"
+        # KEDA activates on it and the HPA/KEDA asks for one replica.
+        wait_until(
+            lambda: deployment_replicas(stack, namespace) == 1, "KEDA scaling to one replica", 120, 1.0
+        )
+        for thread in threads:
+            thread.join(timeout=900)
+
+        failed = [(r.n, r.status, r.error) for r in requests if r.status != 200 or not r.text]
+        assert failed == [], failed
+        pod_ips = {p["status"].get("podIP") for p in pods(cluster, namespace, NAME)}
+        assert {r.upstream.rsplit(":", 1)[0] for r in requests if r.upstream} <= pod_ips
+        cold_start = min(r.first_token for r in requests if r.first_token is not None)
+        slowest = max(r.done for r in requests if r.done is not None)
+        # A few more once Prometheus has the picker's pick counter (a counter's first sample has no rate).
+        wait_until(lambda: prometheus.query(PICKS), "the picker's pick counter in Prometheus", 60, 1.0)
+        for n in range(3):
+            more = Request(gateway.url, REQUESTS + n, time.monotonic())
+            more.run()
+            assert (more.status, more.error) == (200, None)
+        time.sleep(3)  # a few scrapes
+        print(
+            f"\nScale from zero: {REQUESTS} requests held (queue peaked at >= {held:.0f} in Prometheus), "
+            f"first token {cold_start:.1f}s after they were sent, all done in {slowest:.1f}s"
+        )
+
+    # The dashboard's routing panels show the run: the held requests, and every pick going to the one pod.
+    panels = {
+        (title, legend): expr
+        for title, legend, expr in panel_queries(
+            dashboard("inferenceservice"), {"namespace": namespace, "service": NAME}
+        )
+        if "inference_extension_" in expr
+    }
+    assert len(panels) == 3, panels
+    window = (t_start, time.time())
+
+    def peak(key: tuple[str, str]) -> float:
+        results = prometheus.query_range(panels[key], *window, step="1s")
+        return max((float(v) for result in results for _, v in result["values"]), default=0.0)
+
+    assert peak(("Endpoint picker: requests held", "held")) >= 1
+    assert peak(("Endpoint picker: requests held", "pool saturation (0-1)")) == 1.0  # no replica at first
+    assert peak(("Endpoint picker: picks per pod", "{{pod_name}}")) > 0
+
+    # Nothing in flight and nothing held: back to zero after the cooldown.
+    wait_until(lambda: at_zero(stack, namespace), "back to zero replicas", COOLDOWN_SECONDS + 240, 1.0)
