@@ -112,6 +112,10 @@ bench-runtime: venv ## Runtime benchmark: Pagoda runtime vs plain vLLM server (d
 bench-lora: venv ## LoRA benchmark: N adapters on one runtime vs N merged runtimes (docs/benchmarks.md).
 	$(PY) benchmarks/bench_lora.py
 
+.PHONY: bench-routing
+bench-routing: venv tools ## Routing benchmark: GIE's endpoint picker vs round-robin on 3 real replicas (docs/benchmarks.md).
+	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_routing.py
+
 .PHONY: autoscaling-timeline
 autoscaling-timeline: venv tools prometheus ## Run the autoscaling scenario on real pods; writes docs/autoscaling.{json,png}.
 	PAGODA_BIN=$(BIN) $(PY) -m e2e.autoscaling --out docs/autoscaling
