@@ -1,0 +1,379 @@
+"""Prefix-aware routing (GIE's endpoint picker behind Envoy) vs round-robin, side by side in one run, on
+three real replicas of the tiny model whose KV caches each hold about a third of the workload's prefixes.
+
+    make bench-routing    (or: .venv/bin/python benchmarks/bench_routing.py [--rounds 2] [--rate R])
+
+1. A private local cluster with the node agent (real pods at real pod IPs), the operator, GIE v1.5.0's
+   InferencePool CRD; one InferenceService `bench` with spec.routing and 3 replicas. Each replica's KV cache
+   is cut to a fixed number of blocks (vLLM's --num-gpu-blocks-override) sized so that it holds about a
+   third of the distinct system prompts, with room left for the requests it runs.
+2. The workload: many users, each reusing one of N long system prompts picked uniformly (N large enough that
+   one replica cannot cache them all), a short question each, 8 generated tokens. The same sequence of
+   (prompt, question) is sent (a) through Envoy and the real picker, (b) round-robin over the same three
+   pods, as a Service would. Each mode and load gets its own prompt texts (a salt at the start), so none
+   starts on another's cache; the order of the modes alternates between rounds. Two loads per round:
+   - closed loop: C concurrent clients (more than the replicas' batch slots), each sending its next request
+     when the last finished: each side's capacity;
+   - open loop: requests sent at a fixed rate, by default halfway between the two closed-loop throughputs
+     (more than round-robin serves, less than the picker does): the overload in which KubeAI measured its
+     prefix-hash routing, where the side that cannot keep up piles requests into its queues.
+3. Per mode and load: throughput (requests/s and generated tokens/s), TTFT p50/p99/mean (streamed, first
+   content), and the engines' own prefix-cache hit rate (vllm:prefix_cache_hits / vllm:prefix_cache_queries,
+   summed over the pods, before minus after).
+Prints a markdown table and writes the raw numbers to .pagoda-dev/bench-routing.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from e2e import _objects  # noqa: E402
+from e2e.addons import install_gateway_crds  # noqa: E402
+from e2e.cluster import Cluster, start_private, tiny_model  # noqa: E402
+from e2e.fixtures import tiny_sample  # noqa: E402
+from e2e.gateway import start_gateway  # noqa: E402
+from e2e.realpods import ready_pods, wait_condition  # noqa: E402
+from e2e.stack import run_operator  # noqa: E402
+from pagoda.operator.resources.meta import HTTP_PORT  # noqa: E402
+
+NAME, NAMESPACE = "bench", "bench-routing"
+REPLICAS = 3
+BLOCK_SIZE = 32
+MAX_NUM_SEQS = 4
+MAX_TOKENS = 8
+WORDS = (
+    "the model serves requests from many users who share a long system prompt that describes the tools "
+    "policies examples and tone of an assistant for a team of engineers working on clusters of machines "
+    "with accelerators queues caches replicas gateways routes pools pickers metrics alerts dashboards"
+).split()
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+@dataclass
+class Workload:
+    prompts: int
+    prompt_words: int
+    requests: int
+    concurrency: int
+    seed: int = 7
+    sequence: list[tuple[int, str]] = field(default_factory=list)  # (prompt index, question)
+
+    def __post_init__(self) -> None:
+        rng = random.Random(self.seed)
+        # Each request: a user of one of the N assistants, picked uniformly (every prompt as popular).
+        for n in range(self.requests):
+            index = rng.randrange(self.prompts)
+            self.sequence.append((index, f"question {n}: {' '.join(rng.choices(WORDS, k=6))}?"))
+
+    def system_prompts(self, salt: str) -> list[str]:
+        rng = random.Random(self.seed + 1)
+        return [
+            f"{salt} assistant {i}: " + " ".join(rng.choices(WORDS, k=self.prompt_words))
+            for i in range(self.prompts)
+        ]
+
+
+def prompt_tokens(text: str) -> int:
+    from transformers import AutoTokenizer  # the tiny model's own tokenizer, local
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model()))
+    return len(tokenizer(text)["input_ids"])
+
+
+def kv_blocks(workload: Workload) -> tuple[int, int]:
+    """Blocks per replica: a third of the distinct prompts' tokens, plus its running requests' own blocks
+    beyond their prompt; and the prompt length in tokens."""
+    tokens = prompt_tokens(workload.system_prompts("size")[0]) + 40  # the chat template and a question
+    prefixes = workload.prompts * tokens / REPLICAS
+    running = MAX_NUM_SEQS * (MAX_TOKENS + 40)
+    return int((prefixes + running) / BLOCK_SIZE) + 1, tokens
+
+
+def bench_sample(blocks: int, max_model_len: int) -> dict[str, Any]:
+    sample = tiny_sample(NAMESPACE, NAME, real_pods=True)
+    spec = sample["spec"]
+    spec["replicas"] = REPLICAS
+    spec["engine"].update(
+        {
+            "maxModelLen": max_model_len,
+            "maxNumSeqs": MAX_NUM_SEQS,
+            "blockSize": BLOCK_SIZE,
+            "enablePrefixCaching": True,
+            "extraArgs": ["--enforce-eager", "--num-gpu-blocks-override", str(blocks)],
+        }
+    )
+    spec["runtime"]["startupTimeoutSeconds"] = 900
+    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600}}
+    return sample
+
+
+def scrape(pod_urls: list[str]) -> dict[str, float]:
+    """vLLM's prefix-cache counters summed over the pods."""
+    totals = {"hits": 0.0, "queries": 0.0}
+    for url in pod_urls:
+        for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+            if line.startswith("vllm:prefix_cache_hits_total"):
+                totals["hits"] += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:prefix_cache_queries_total"):
+                totals["queries"] += float(line.rsplit(" ", 1)[1])
+    return totals
+
+
+@dataclass
+class Result:
+    mode: str
+    round: int
+    completed: int
+    failed: int
+    seconds: float
+    ttft: list[float]
+    tokens: int
+    hit_rate: float
+    rate: float | None = None  # open loop: requests sent per second; None: closed loop
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "load": f"open {self.rate:.2f}/s" if self.rate else "closed",
+            "round": self.round,
+            "completed": self.completed,
+            "failed": self.failed,
+            "requests_per_s": self.completed / self.seconds,
+            "tokens_per_s": self.tokens / self.seconds,
+            "ttft_p50_s": pct(self.ttft, 0.5),
+            "ttft_p99_s": pct(self.ttft, 0.99),
+            "ttft_mean_s": statistics.fmean(self.ttft),
+            "prefix_hit_rate": self.hit_rate,
+        }
+
+
+def send(http: httpx.Client, url: str, system: str, question: str) -> tuple[float | None, int]:
+    """One streamed chat completion: (time to its first content token, completion tokens); raises on a
+    failure (HTTP error status or transport error)."""
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    began, first, tokens = time.monotonic(), None, 0
+    with http.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if first is None and any(c["delta"].get("content") for c in chunk.get("choices", [])):
+                first = time.monotonic() - began
+            if chunk.get("usage"):
+                tokens = int(chunk["usage"]["completion_tokens"])
+    return first, tokens
+
+
+def run_mode(
+    mode: str,
+    round_: int,
+    workload: Workload,
+    targets: list[str],
+    pod_urls: list[str],
+    rate: float | None = None,
+) -> Result:
+    """The workload's sequence; request n goes to targets[n % len(targets)] (one target: Envoy; the pods:
+    round-robin). Closed loop (`rate` None): `concurrency` clients, each sending its next request when the
+    last one finished, so the replicas are kept saturated (throughput). Open loop: request n is sent at
+    n / `rate` seconds whatever happens to the others, as users arrive (TTFT under a given load)."""
+    prompts = workload.system_prompts(f"{mode}-{round_}-{'open' if rate else 'closed'}")
+    before = scrape(pod_urls)
+    lock = threading.Lock()
+    ttft: list[float] = []
+    outcome = {"completed": 0, "failed": 0, "tokens": 0}
+
+    def one(http: httpx.Client, n: int) -> None:
+        index, question = workload.sequence[n]
+        try:
+            first, tokens = send(http, targets[n % len(targets)], prompts[index], question)
+        except (httpx.HTTPError, RuntimeError):
+            with lock:
+                outcome["failed"] += 1
+            return
+        with lock:
+            outcome["completed"] += 1
+            outcome["tokens"] += tokens
+            if first is not None:
+                ttft.append(first)
+
+    next_index = iter(range(len(workload.sequence)))
+
+    def closed_client() -> None:
+        with httpx.Client(timeout=900) as http:
+            while True:
+                with lock:
+                    n = next(next_index, None)
+                if n is None:
+                    return
+                one(http, n)
+
+    def open_client(n: int, at: float) -> None:
+        time.sleep(max(0.0, at - time.monotonic()))
+        with httpx.Client(timeout=900) as http:
+            one(http, n)
+
+    began = time.monotonic()
+    if rate is None:
+        threads = [threading.Thread(target=closed_client) for _ in range(workload.concurrency)]
+    else:
+        threads = [
+            threading.Thread(target=open_client, args=(n, began + n / rate))
+            for n in range(len(workload.sequence))
+        ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.monotonic() - began
+    after = scrape(pod_urls)
+    queries = after["queries"] - before["queries"]
+    hit_rate = (after["hits"] - before["hits"]) / queries if queries else 0.0
+    result = Result(
+        mode, round_, outcome["completed"], outcome["failed"], seconds, ttft, outcome["tokens"], hit_rate
+    )
+    result.rate = rate
+    return result
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    def mean(load: str, mode: str, key: str) -> float:
+        return statistics.fmean(r[key] for r in rows if r["mode"] == mode and r["load"].startswith(load))
+
+    keys = [
+        ("requests_per_s", "requests/s", "{:.2f}"),
+        ("tokens_per_s", "generated tokens/s", "{:.1f}"),
+        ("ttft_p50_s", "TTFT p50 (s)", "{:.2f}"),
+        ("ttft_p99_s", "TTFT p99 (s)", "{:.2f}"),
+        ("ttft_mean_s", "TTFT mean (s)", "{:.2f}"),
+        ("prefix_hit_rate", "prefix-cache hit rate", "{:.1%}"),
+    ]
+    lines = [
+        "| load | | picker (Envoy + EPP) | round-robin | picker / round-robin |",
+        "|---|---|---|---|---|",
+    ]
+    for load, label in (("closed", "closed loop (saturated)"), ("open", "open loop (overload)")):
+        if not any(r["load"].startswith(load) for r in rows):
+            continue
+        rates = sorted({r["load"] for r in rows if r["load"].startswith(load)})
+        for key, name, fmt in keys:
+            a, b = mean(load, "picker", key), mean(load, "round-robin", key)
+            ratio = f"{a / b:.2f}x" if b else "n/a"
+            lines.append(f"| {label} | {name} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
+        if load == "open":
+            lines.append(f"| {label} | arrival rate | {', '.join(rates)} | same | |")
+    failed = sum(r["failed"] for r in rows)
+    lines.append(f"| all | failed requests | {failed} | | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompts", type=int, default=12, help="distinct system prompts (N)")
+    parser.add_argument("--prompt-words", type=int, default=600, help="words per system prompt")
+    parser.add_argument("--requests", type=int, default=150, help="requests per mode, load and round")
+    parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients (3 x 4 batch slots)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open-loop arrival rate (requests/s); default: halfway between the two closed-loop throughputs",
+    )
+    parser.add_argument("--out", type=Path, default=ROOT / ".pagoda-dev" / "bench-routing.json")
+    args = parser.parse_args(argv)
+    workload = Workload(args.prompts, args.prompt_words, args.requests, args.concurrency)
+    blocks, tokens = kv_blocks(workload)
+    max_model_len = BLOCK_SIZE * ((tokens + 64) // BLOCK_SIZE + 2)
+    print(
+        f"System prompts: {args.prompts} x ~{tokens} tokens; KV cache per replica: {blocks} blocks "
+        f"({blocks * BLOCK_SIZE} tokens, ~{blocks * BLOCK_SIZE / tokens:.1f} prompts)",
+        flush=True,
+    )
+
+    cluster: Cluster = start_private()
+    operator = gateway = None
+    try:
+        operator = run_operator(cluster, Path(tempfile.mkdtemp(prefix="bench-routing-")) / "operator.log")
+        install_gateway_crds(cluster)
+        cluster.kubectl("create", "namespace", NAMESPACE)
+        _objects.wait_service_account(None, cluster.api_client(), NAMESPACE, time.monotonic() + 60)
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(bench_sample(blocks, max_model_len)))
+        wait_condition(cluster, NAMESPACE, NAME, "Ready", timeout=1200)
+        pods = ready_pods(cluster, NAMESPACE, NAME)
+        pod_urls = sorted(f"http://{p['status']['podIP']}:{HTTP_PORT}" for p in pods)
+        assert len(pod_urls) == REPLICAS, pod_urls
+        gateway = start_gateway(cluster, NAME, NAMESPACE)
+        load = os.getloadavg()[0]
+        rows: list[dict[str, Any]] = []
+        for round_ in range(args.rounds):
+            order = ["picker", "round-robin"] if round_ % 2 == 0 else ["round-robin", "picker"]
+            closed: dict[str, float] = {}
+            for mode in order:  # saturated: each side's capacity
+                targets = [gateway.url] if mode == "picker" else pod_urls
+                result = run_mode(mode, round_, workload, targets, pod_urls)
+                closed[mode] = result.completed / result.seconds
+                rows.append(result.row())
+                print(json.dumps(result.row()), flush=True)
+            # Users arriving at a rate between the two capacities: more than round-robin serves, less than the
+            # picker does (the overload in which KubeAI measured its prefix-hash routing).
+            rate = args.rate or (closed["picker"] + closed["round-robin"]) / 2
+            for mode in order:
+                targets = [gateway.url] if mode == "picker" else pod_urls
+                result = run_mode(mode, round_, workload, targets, pod_urls, rate=rate)
+                rows.append(result.row())
+                print(json.dumps(result.row()), flush=True)
+        report = {
+            "workload": {k: v for k, v in asdict(workload).items() if k != "sequence"},
+            "prompt_tokens": tokens,
+            "kv_blocks_per_replica": blocks,
+            "block_size": BLOCK_SIZE,
+            "max_num_seqs": MAX_NUM_SEQS,
+            "load_average_at_start": load,
+            "load_average_at_end": os.getloadavg()[0],
+            "rows": rows,
+        }
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(table(rows))
+        print(f"Raw numbers in {args.out}")
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        if operator is not None:
+            operator.stop()
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
