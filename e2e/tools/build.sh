@@ -3,15 +3,17 @@
 # and, each from a module of its own (apart so that their dependency graphs never meet the Kubernetes pins):
 # the MinIO server for the s3:// model-source test (minio/go.mod), KEDA's operator and metrics adapter
 # (keda/go.mod), kube-state-metrics (kube-state-metrics/go.mod) and the Gateway API Inference Extension's
-# endpoint picker (gie/go.mod), the e2e add-ons, and dashboard-lint (dashboard-lint/go.mod: checks the chart's
+# endpoint picker (gie/go.mod), Argo CD's application controller and repo server (argocd/go.mod: one small main,
+# built with the Go toolchain its go.mod names), the e2e add-ons, and dashboard-lint (dashboard-lint/go.mod: checks the chart's
 # Grafana dashboards against Grafana's schema, for the unit tests).
 # Copies the third-party CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the
-# InferencePool's from the version in gie/go.mod, the Prometheus Operator's pinned below).
+# InferencePool's from the version in gie/go.mod, Argo CD's Application and AppProject from argocd/go.mod, the Prometheus Operator's pinned below).
 #
 #   bash e2e/tools/build.sh OUTDIR      (the Makefile runs: bash e2e/tools/build.sh .pagoda-dev/bin)
 #
 # OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, minio,
-# keda-operator, keda-adapter, kube-state-metrics, epp, dashboard-lint and crds/*.yaml. Idempotent:
+# keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), dashboard-lint and
+# crds/*.yaml. Idempotent:
 # OUTDIR/.build-stamp holds a hash of every module's go.mod and go.sum and this script; when it matches and
 # every output exists, nothing is done. Go's module and build caches make a rebuild after a version change incremental.
 set -euo pipefail
@@ -19,11 +21,12 @@ set -euo pipefail
 KEDA_MODULE=github.com/kedacore/keda/v2
 KSM_MODULE=k8s.io/kube-state-metrics/v2
 GIE_MODULE=sigs.k8s.io/gateway-api-inference-extension
+ARGOCD_MODULE=github.com/argoproj/argo-cd/v3
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.85.0
 
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm minio
-    keda-operator keda-adapter kube-state-metrics epp dashboard-lint)
+    keda-operator keda-adapter kube-state-metrics epp argocd git-verify-wrapper.sh dashboard-lint)
 # All six of KEDA's CRDs (its operator watches every kind), then the Prometheus Operator's two.
 KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml
     keda.sh_clustertriggerauthentications.yaml eventing.keda.sh_cloudeventsources.yaml
@@ -31,7 +34,9 @@ KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggeraut
 # The InferencePool (inference.networking.k8s.io/v1) is all the endpoint picker needs: it looks for its
 # optional x-k8s kinds (InferenceObjective, InferenceModelRewrite) by discovery.
 GIE_CRDS=(inference.networking.k8s.io_inferencepools.yaml)
-CRDS=("${KEDA_CRDS[@]}" "${GIE_CRDS[@]}" monitoring.coreos.com_servicemonitors.yaml
+# The two kinds the application controller reads (no ApplicationSet controller runs).
+ARGOCD_CRDS=(argoproj.io_applications.yaml argoproj.io_appprojects.yaml)
+CRDS=("${KEDA_CRDS[@]}" "${GIE_CRDS[@]}" "${ARGOCD_CRDS[@]}" monitoring.coreos.com_servicemonitors.yaml
     monitoring.coreos.com_prometheusrules.yaml)
 # kwok's own default stages (what kwokctl installs): nodes become Ready and keep a lease, scheduled pods
 # become Running and Ready, deleted pods go away.
@@ -48,7 +53,7 @@ out="$(cd "$1" && pwd)"
 
 stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/minio/go.mod" "$here/minio/go.sum" \
     "$here/keda/go.mod" "$here/keda/go.sum" "$here/kube-state-metrics/go.mod" "$here/kube-state-metrics/go.sum" \
-    "$here/gie/go.mod" "$here/gie/go.sum" \
+    "$here/gie/go.mod" "$here/gie/go.sum" "$here/argocd/go.mod" "$here/argocd/go.sum" "$here/argocd/main.go" \
     "$here/dashboard-lint/go.mod" "$here/dashboard-lint/go.sum" |
     sha1sum | cut -c1-16)"
 current=1
@@ -70,6 +75,10 @@ helm_version="$(go list -m -f '{{.Version}}' helm.sh/helm/v3)"
 keda_version="$(go -C keda list -m -f '{{.Version}}' "$KEDA_MODULE")"
 ksm_version="$(go -C kube-state-metrics list -m -f '{{.Version}}' "$KSM_MODULE")"
 gie_version="$(go -C gie list -m -f '{{.Version}}' "$GIE_MODULE")"
+# Argo CD's go.mod needs a newer Go than the rest: the toolchain line of argocd/go.mod, fetched by the go command.
+argocd_toolchain="$(sed -n 's/^toolchain //p' argocd/go.mod)"
+argocd_go() { GOTOOLCHAIN="$argocd_toolchain" go -C "$here/argocd" "$@"; }
+argocd_version="$(argocd_go list -m -f '{{.Version}}' "$ARGOCD_MODULE")"
 k8s_minor="$(cut -d. -f2 <<<"$k8s_version")"
 k8s_x=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -82,6 +91,7 @@ done
 keda_x="-X $KEDA_MODULE/version.Version=$keda_version"
 ksm_x="-X github.com/prometheus/common/version.Version=$ksm_version"
 gie_x="-X $GIE_MODULE/version.BuildRef=$gie_version"
+argocd_x="-X $ARGOCD_MODULE/common.version=${argocd_version#v} -X $ARGOCD_MODULE/common.gitTreeState=clean"
 build_flags=(-trimpath)
 total_start=$SECONDS
 step_start=$SECONDS
@@ -111,6 +121,16 @@ build_epp() {
     (cd "$here/gie" && go build "${build_flags[@]}" -ldflags="-s -w $gie_x" -o "$out/epp" "$GIE_MODULE/cmd/epp")
 }
 
+build_argocd() {
+    argocd_go build "${build_flags[@]}" -ldflags="-s -w $argocd_x" -o "$out/argocd" .
+}
+
+# The repo server runs this script from PATH on every checkout (v3.6 verifies commit signatures even with GPG
+# off); Argo CD's image copies it from hack/ to /usr/local/bin.
+copy_argocd_scripts() {
+    install -m 0755 "$(argocd_go list -m -f '{{.Dir}}' "$ARGOCD_MODULE")/hack/git-verify-wrapper.sh" "$out/"
+}
+
 build_dashboard_lint() {
     (cd "$here/dashboard-lint" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/dashboard-lint" .)
 }
@@ -120,9 +140,10 @@ module_dir() {
 }
 
 copy_crds() {
-    local keda gie promop
+    local keda gie argocd promop
     keda="$(go -C "$here/keda" list -m -f '{{.Dir}}' "$KEDA_MODULE")"
     gie="$(go -C "$here/gie" list -m -f '{{.Dir}}' "$GIE_MODULE")"
+    argocd="$(argocd_go list -m -f '{{.Dir}}' "$ARGOCD_MODULE")"
     promop="$(module_dir "$PROMOP_MODULE" "$PROMOP_VERSION")"
     for f in "${KEDA_CRDS[@]}"; do
         install -m 0644 "$keda/config/crd/bases/$f" "$out/crds/"
@@ -130,6 +151,8 @@ copy_crds() {
     for f in "${GIE_CRDS[@]}"; do
         install -m 0644 "$gie/config/crd/bases/$f" "$out/crds/"
     done
+    install -m 0644 "$argocd/manifests/crds/application-crd.yaml" "$out/crds/argoproj.io_applications.yaml"
+    install -m 0644 "$argocd/manifests/crds/appproject-crd.yaml" "$out/crds/argoproj.io_appprojects.yaml"
     for kind in servicemonitors prometheusrules; do
         install -m 0644 "$promop/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$out/crds/"
     done
@@ -148,6 +171,7 @@ step "download modules" go mod download
 step "download modules (keda/)" go -C keda mod download
 step "download modules (kube-state-metrics/)" go -C kube-state-metrics mod download
 step "download modules (gie/)" go -C gie mod download
+step "download modules (argocd/, Go $argocd_toolchain)" argocd_go mod download
 step "build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes)" \
     go build "${build_flags[@]}" -ldflags="-s -w$k8s_x" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
@@ -161,9 +185,11 @@ step "build keda-operator ($KEDA_MODULE $keda_version, module keda/)" build_keda
 step "build keda-adapter ($KEDA_MODULE $keda_version, module keda/)" build_keda adapter
 step "build kube-state-metrics ($KSM_MODULE $ksm_version, module kube-state-metrics/)" build_kube_state_metrics
 step "build epp ($GIE_MODULE $gie_version, module gie/)" build_epp
+step "build argocd: application-controller, repo-server ($ARGOCD_MODULE $argocd_version, module argocd/)" build_argocd
+step "copy Argo CD's git-verify-wrapper.sh" copy_argocd_scripts
 step "build dashboard-lint (github.com/grafana/grafana-foundation-sdk/go, module dashboard-lint/)" build_dashboard_lint
 step "copy kwok's default stages" copy_kwok_stages
-step "copy CRDs (KEDA $keda_version, GIE $gie_version, Prometheus Operator $PROMOP_VERSION)" copy_crds
+step "copy CRDs (KEDA $keda_version, GIE $gie_version, Argo CD $argocd_version, Prometheus Operator $PROMOP_VERSION)" copy_crds
 
 echo "$stamp" >"$out/.build-stamp"
 echo "Built ${BINARIES[*]}, kwok-stages.yaml and ${#CRDS[@]} CRDs into $out in $((SECONDS - total_start))s."
