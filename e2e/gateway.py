@@ -346,6 +346,15 @@ def envoy_bootstrap(
         "connect_timeout": "10s",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
         "circuit_breakers": {"thresholds": [many]},
+        # Close idle connections to a pod before the runtime does (its keep-alive is 65 s): reusing one the
+        # runtime has just closed fails the request with a 503 (upstream reset before response).
+        "typed_extension_protocol_options": {
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "common_http_protocol_options": {"idle_timeout": "30s"},
+                "explicit_http_config": {"http_protocol_options": {}},
+            }
+        },
     }
     picker = {
         "name": "ext_proc",
