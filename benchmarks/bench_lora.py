@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from servers import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -80,58 +80,6 @@ def merge_adapter(model: Path, adapter: Path, out: Path) -> Path:
     if merged != sum(1 for k in lora if k.endswith(".lora_A.weight")):
         raise ValueError(f"{adapter}: merged {merged} layers, the adapter has more")
     return out
-
-
-class Server:
-    """One `pagoda-runtime serve`, with its own TMPDIR and vLLM cache."""
-
-    def __init__(self, name: str, argv: list[str], port: int, workdir: Path, env: dict[str, str]) -> None:
-        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
-        workdir = workdir / name
-        workdir.mkdir()
-        full = dict(os.environ, TMPDIR=str(workdir), VLLM_CACHE_ROOT=str(workdir / "vc"), HF_HUB_OFFLINE="1")
-        full.setdefault("VLLM_NO_USAGE_STATS", "1")
-        full.update(env)
-        self.log = (workdir / f"{name}.log").open("wb")
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=full)
-        self.startup_s = 0.0
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited rc={self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    self.startup_s = time.monotonic() - self.started
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise TimeoutError(f"{self.name} not ready after {timeout}s")
-
-    def memory(self) -> tuple[int, int]:
-        """(RSS, USS) in bytes, summed over the runtime's process tree."""
-        import psutil
-
-        root = psutil.Process(self.proc.pid)
-        rss = uss = 0
-        for proc in [root, *root.children(recursive=True)]:
-            try:
-                info = proc.memory_full_info()
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-            rss, uss = rss + info.rss, uss + info.uss
-        return rss, uss
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 class Side:
@@ -268,7 +216,7 @@ def main() -> int:
         env = CPU_ENV | {"OMP_NUM_THREADS": str(lora_threads)}
         one = Server("lora", serve(model, "tiny", 18411, *lora_flags), 18411, work, env)
         servers.append(one)
-        one.wait_ready()
+        one.wait_ready(timeout=600)
         sep = []
         for i, name in enumerate(names):
             port = 18412 + i
@@ -277,7 +225,7 @@ def main() -> int:
             servers.append(sep[-1])
         started = time.monotonic()
         for s in sep:
-            s.wait_ready()
+            s.wait_ready(timeout=600)
         merged_startup = time.monotonic() - started
         sides = [
             Side("lora", [one], {name: one.url for name in names}),

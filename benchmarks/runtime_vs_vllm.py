@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+from servers import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -37,42 +37,6 @@ VLLM_ONLY = ["--enforce-eager"]
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
-
-
-class Server:
-    def __init__(self, name: str, argv: list[str], port: int, workdir: Path) -> None:
-        self.name, self.port, self.url = name, port, f"http://127.0.0.1:{port}"
-        workdir = workdir / name  # own TMPDIR and vLLM cache: no server starts on another's warm cache
-        workdir.mkdir()
-        env = dict(os.environ, TMPDIR=str(workdir), VLLM_CACHE_ROOT=str(workdir / "vc"), HF_HUB_OFFLINE="1")
-        env.setdefault("VLLM_NO_USAGE_STATS", "1")
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        self.log = (workdir / f"{name}.log").open("wb")
-        self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.startup_s = 0.0
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline = self.started + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited rc={self.proc.returncode}; see {self.log.name}")
-            try:
-                if httpx.get(self.url + "/v1/models", timeout=2).status_code == 200:
-                    self.startup_s = time.monotonic() - self.started
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise TimeoutError(f"{self.name} not ready after {timeout}s")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, object]) -> tuple[float, int]:
