@@ -43,21 +43,25 @@ $(TOOLS_STAMP):
 .PHONY: tools
 tools: $(TOOLS_STAMP) ## Build the pinned Go binaries (kube-apiserver, etcd, kwok, helm, ...) into .pagoda-dev/bin/.
 
-.PHONY: prometheus
-prometheus: ## Install Debian's prometheus package (prometheus and promtool) when missing.
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
-	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$sudo apt-get update -q; \
-	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends prometheus; \
-	fi
+# Debian's packages that the tests run, as command:package (promtool comes with prometheus; redis-server is
+# Argo CD's cache in the e2e tier). One apt run installs whatever is missing: two at once would fight over
+# dpkg's lock when `setup` runs the targets side by side.
+DEBIAN_COMMANDS := prometheus:prometheus promtool:prometheus redis-server:redis-server
 
-.PHONY: redis
-redis: ## Install Debian's redis-server (Argo CD's cache in the e2e tier) when missing.
-	@if ! command -v redis-server >/dev/null; then \
+.PHONY: packages prometheus redis
+packages: ## Install Debian's prometheus (prometheus, promtool) and redis-server when missing.
+	@missing=$$(for pair in $(DEBIAN_COMMANDS); do \
+	  command -v "$${pair%%:*}" >/dev/null || echo "$${pair#*:}"; done | sort -u); \
+	if [ -n "$$missing" ]; then \
 	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$sudo apt-get update -q; \
-	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends redis-server; \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
 	fi
+prometheus redis: packages
+
+.PHONY: setup
+setup: ## venv, tools and packages side by side: pip and apt download while Go compiles.
+	$(MAKE) --no-print-directory -j3 venv tools packages
 
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's copy from the pydantic models in operator/api.
@@ -77,7 +81,7 @@ lint: venv ## ruff and mypy (strict on operator/ and runtime/).
 	MYPYPATH=$(DEV)/mypy-src $(PY) -m mypy -p pagoda.operator -p pagoda.runtime
 
 .PHONY: test-unit
-test-unit: venv tools prometheus ## Tier 1: unit tests (no cluster, no engine; helm and promtool for the chart).
+test-unit: venv tools packages ## Tier 1: unit tests (no cluster, no engine; helm and promtool for the chart).
 	PAGODA_BIN=$(BIN) $(PYTEST) tests/unit
 
 .PHONY: test-integration
@@ -89,11 +93,11 @@ test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the 
 	$(PYTEST) tests/runtime
 
 .PHONY: test-e2e
-test-e2e: venv tools prometheus redis ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
+test-e2e: venv tools packages ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
 .PHONY: test
-test: venv tools prometheus redis lint ## Install everything and run every test tier.
+test: setup lint ## Install everything and run every test tier.
 	$(MAKE) --no-print-directory test-unit test-integration test-runtime test-e2e
 
 .PHONY: cluster-up
@@ -125,7 +129,7 @@ bench-routing: venv tools ## Routing benchmark: GIE's endpoint picker vs round-r
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_routing.py
 
 .PHONY: autoscaling-timeline
-autoscaling-timeline: venv tools prometheus ## Run the autoscaling scenario on real pods; writes docs/autoscaling.{json,png}.
+autoscaling-timeline: venv tools packages ## Run the autoscaling scenario on real pods; writes docs/autoscaling.{json,png}.
 	PAGODA_BIN=$(BIN) $(PY) -m e2e.autoscaling --out docs/autoscaling
 
 .PHONY: clean
