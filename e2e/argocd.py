@@ -13,7 +13,7 @@ repository (file://) holds what a platform team would commit.
         argocd.application("pagoda")                    # the live Application, its status is the oracle
 
 The argocd binary (e2e/tools/argocd: Argo CD's two command packages under one small main) and the CRDs come
-from the cluster's bin_dir (built by e2e/tools/build.sh); redis-server from Debian (`make redis`). Every
+from the cluster's bin_dir (built by e2e/tools/build.sh); redis-server from Debian (`make packages`). Every
 process logs to <workdir>/logs/NAME.log, dies with the process that started it, and is stopped by PID.
 """
 
@@ -62,7 +62,7 @@ def check_argocd_files(bin_dir: Path) -> Path:
         raise ArgoCDMissingError(f"Argo CD's files are missing: {', '.join(missing)}. Run `make tools`.")
     redis = shutil.which("redis-server")
     if redis is None:
-        raise ArgoCDMissingError("redis-server is not installed. Run `make redis` (Debian's redis-server).")
+        raise ArgoCDMissingError("redis-server is not installed. Run `make packages` (Debian's package).")
     return Path(redis)
 
 
