@@ -48,7 +48,7 @@ tools: $(TOOLS_STAMP) ## Build the pinned Go binaries (kube-apiserver, etcd, kwo
 # dpkg's lock when `setup` runs the targets side by side.
 DEBIAN_COMMANDS := prometheus:prometheus promtool:prometheus redis-server:redis-server
 
-.PHONY: packages prometheus redis
+.PHONY: packages
 packages: ## Install Debian's prometheus (prometheus, promtool) and redis-server when missing.
 	@missing=$$(for pair in $(DEBIAN_COMMANDS); do \
 	  command -v "$${pair%%:*}" >/dev/null || echo "$${pair#*:}"; done | sort -u); \
@@ -57,7 +57,6 @@ packages: ## Install Debian's prometheus (prometheus, promtool) and redis-server
 	  $$sudo apt-get update -q; \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -q --no-install-recommends $$missing; \
 	fi
-prometheus redis: packages
 
 .PHONY: setup
 setup: ## venv, tools and packages side by side: pip and apt download while Go compiles.
