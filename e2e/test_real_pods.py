@@ -1,14 +1,17 @@
 """Pods that really run: the operator's pods on the node agent's node, as real `pagoda-runtime` processes
 with their own network namespace and pod IP.
 
-One two-replica service (examples/tiny-cpu.yaml) in a namespace that enforces the `restricted` Pod Security
+One `tiny` service (examples/tiny-cpu.yaml) in a namespace that enforces the `restricted` Pod Security
 Standard serves the first four tests, in order:
-1. its pods are admitted, Running at pod IPs of the agent's range, Ready from their own readiness probes,
+1. its two pods are admitted, Running at pod IPs of the agent's range, Ready from their own readiness probes,
    listed Ready in the Service's EndpointSlice, and answer chat requests at those IPs;
-2. deleting a pod under load (preStop, SIGTERM, drain; the Deployment's replacement takes over) fails no
-   request, and the old pod's network namespace is gone;
+2. deleting a pod under load (preStop, SIGTERM, drain; the other pod takes the load) fails no request, and
+   the old pod's network namespace is gone; then the service goes down to one replica;
 3. a spec change under load rolls the Deployment (surge, nothing unavailable) and fails no request;
 4. so does a scheduled restart (spec.restartSchedule), and the status shows the last and the next restart.
+The rollouts run on one replica: nothing else can take its traffic, so a moment without a Ready pod would
+fail requests, and each rollout starts one engine, not two, beside the one serving. (Scale-in under load is
+e2e/test_autoscaling.py's.)
 5. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
    turns Degraded with the runtime's own reason.
 The load is spread over the Ready endpoints of the Service's EndpointSlices, as a Service would.
@@ -40,7 +43,7 @@ from e2e.realpods import (
 from pagoda.operator.resources.meta import RESTARTED_AT_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
-REPLICAS = 2
+REPLICAS = 2  # until the pod deletion; the rollouts run on one
 
 
 def apply(cluster: Cluster, obj: dict[str, Any]) -> None:
@@ -65,13 +68,13 @@ def wait_ready_replicas(
 
 @pytest.fixture(scope="module")
 def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> Iterator[str]:
-    """The namespace of a Ready two-replica `tiny` service; the namespace enforces `restricted`."""
+    """The namespace of a Ready two-replica `tiny` service; the namespace enforces `restricted`. Its
+    rollout is the default: one pod more during a rollout (maxSurge 1), none unavailable."""
     namespace = "real-pods"
     cluster.kubectl("create", "namespace", namespace)
     cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
     sample = tiny_sample(namespace, real_pods=True)
     sample["spec"]["replicas"] = REPLICAS
-    sample["spec"]["rollout"] = {"maxSurge": REPLICAS}  # both new pods start at once; none unavailable
     sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900  # engines start slowly on two shared cores
     apply(cluster, sample)
     try:
@@ -80,6 +83,17 @@ def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> It
         yield namespace
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+
+
+def patch_spec(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> None:
+    patch = yaml.safe_dump({"spec": spec})
+    cluster.kubectl("patch", "inferenceservice", "tiny", "-n", namespace, "--type=merge", "-p", patch)
+
+
+def served(load: Load, pod: dict[str, Any]) -> int:
+    """Requests of the load that `pod` answered."""
+    address = f"http://{pod['status']['podIP']}:8000"
+    return sum(1 for r in load.records if r.failure is None and r.endpoint == address)
 
 
 def under_load(cluster: Cluster, namespace: str) -> tuple[ServiceEndpoints, Load]:
@@ -146,7 +160,10 @@ def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: 
 
 
 def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: str) -> None:
-    victim = ready_pods(cluster, serving, "tiny")[0]
+    """The deleted pod drains (preStop, SIGTERM, the runtime's drain) while the other takes the load. Then
+    spec.replicas goes to 1 for the rollouts below: the ReplicaSet removes the replacement the Deployment
+    started, still loading (not Ready pods go first), and the pod that served stays."""
+    victim, survivor = ready_pods(cluster, serving, "tiny")
     name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
     endpoints, load = under_load(cluster, serving)
     try:
@@ -157,47 +174,53 @@ def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: s
             return not get_json(cluster, "-n", serving, "pods", "--field-selector", selector)["items"]
 
         wait_until(removed, "the deleted pod to be removed", timeout=120, interval=1)
-        wait_ready_replicas(cluster, serving, "tiny", REPLICAS)
-        before = len(load.records)
-        wait_until(lambda: len(load.records) >= before + 8, "requests after the replacement", timeout=120)
+        done = served(load, survivor)
+        wait_until(lambda: served(load, survivor) >= done + 8, "requests after the deletion", timeout=120)
     finally:
         load.stop()
         endpoints.stop()
     assert load.failures == [], load.failures
     assert not any(ns.endswith(uid[:8]) for ns in podnet._netns_names())
-    assert victim["status"]["podIP"] in {r.endpoint.split("//")[1].split(":")[0] for r in load.records}
+    assert served(load, victim) > 0, "the deleted pod took no request of the load"
+
+    patch_spec(cluster, serving, {"replicas": 1})
+    wait_ready_replicas(cluster, serving, "tiny", 1)
+    assert [p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")] == [survivor["metadata"]["uid"]]
 
 
 def test_a_spec_change_under_load_rolls_with_no_failed_request(cluster: Cluster, serving: str) -> None:
-    before = {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")}
+    [old] = pods(cluster, serving, "tiny")
     endpoints, load = under_load(cluster, serving)
     try:
-        patch = {"spec": {"runtime": {"drainTimeoutSeconds": 12}}}
-        cluster.kubectl(
-            "patch", "inferenceservice", "tiny", "-n", serving, "--type=merge", "-p", yaml.safe_dump(patch)
-        )
+        patch_spec(cluster, serving, {"runtime": {"drainTimeoutSeconds": 12}})
         wait_until(
-            lambda: not before & {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")},
-            "every pod to be replaced",
+            lambda: (
+                old["metadata"]["uid"] not in {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")}
+            ),
+            "the pod to be replaced",
             timeout=600,
             interval=1,
         )
-        wait_ready_replicas(cluster, serving, "tiny", REPLICAS)
+        wait_ready_replicas(cluster, serving, "tiny", 1)
+        [new] = pods(cluster, serving, "tiny")
+        done = served(load, new)
+        wait_until(lambda: served(load, new) >= done + 4, "requests to the new pod", timeout=120)
     finally:
         load.stop()
         endpoints.stop()
     assert load.failures == [], load.failures
+    assert served(load, old) > 0 and served(load, new) > 0  # the traffic moved from one to the other
     deployment = get_json(cluster, "-n", serving, "deployment", "tiny")
-    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--drain-timeout") + 1] == "12"
 
 
 def test_a_scheduled_restart_under_load_rolls_with_no_failed_request(cluster: Cluster, serving: str) -> None:
     """spec.restartSchedule: one interval after it is added, the operator stamps the pod template
-    (pagoda.dev/restartedAt), both pods roll under load with no failed request, and the status shows the
+    (pagoda.dev/restartedAt), the pod rolls under load with no failed request, and the status shows the
     last and the next restart. The schedule is removed once the restart began, so exactly one happens."""
-    before = {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")}
+    [old] = pods(cluster, serving, "tiny")
 
     def isvc_restarts() -> dict[str, Any]:
         found: dict[str, Any] = (
@@ -211,10 +234,7 @@ def test_a_scheduled_restart_under_load_rolls_with_no_failed_request(cluster: Cl
         return found
 
     def set_schedule(schedule: dict[str, Any] | None) -> None:
-        patch = {"spec": {"restartSchedule": schedule}}
-        cluster.kubectl(
-            "patch", "inferenceservice", "tiny", "-n", serving, "--type=merge", "-p", yaml.safe_dump(patch)
-        )
+        patch_spec(cluster, serving, {"restartSchedule": schedule})
 
     assert stamp() is None
     endpoints, load = under_load(cluster, serving)
@@ -231,21 +251,26 @@ def test_a_scheduled_restart_under_load_rolls_with_no_failed_request(cluster: Cl
         )
         set_schedule(None)  # one restart only: the next would be due as soon as this rollout completes
         wait_until(
-            lambda: not before & {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")},
-            "every pod to be replaced",
+            lambda: (
+                old["metadata"]["uid"] not in {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")}
+            ),
+            "the pod to be replaced",
             timeout=600,
             interval=1,
         )
-        wait_ready_replicas(cluster, serving, "tiny", REPLICAS)
+        wait_ready_replicas(cluster, serving, "tiny", 1)
+        [new] = pods(cluster, serving, "tiny")
+        done = served(load, new)
+        wait_until(lambda: served(load, new) >= done + 4, "requests to the new pod", timeout=120)
     finally:
         load.stop()
         endpoints.stop()
     print(f"Scheduled restart under load: completed={load.completed} failed={len(load.failures)}")
     assert load.failures == [], load.failures
-    assert load.completed > 0
+    assert served(load, old) > 0 and served(load, new) > 0
     assert stamp() == restarted_at  # the last restart stays on the template: nothing rolled again
     assert isvc_restarts() == {}
-    assert len(ready_pods(cluster, serving, "tiny")) == REPLICAS
+    assert len(ready_pods(cluster, serving, "tiny")) == 1
 
 
 def test_a_runtime_that_cannot_start_crashes_with_its_reason(
