@@ -145,6 +145,10 @@ bench-operator: venv tools ## Operator benchmark: 500 InferenceServices vs a bar
 bench-runtime: venv ## Runtime benchmark: Pagoda runtime vs plain vLLM server (docs/benchmarks.md).
 	$(PY) benchmarks/runtime_vs_vllm.py
 
+.PHONY: bench-engine
+bench-engine: venv ## Engine benchmark: vLLM's CPU worker process vs the model inside the EngineCore (docs/benchmarks.md).
+	$(PY) benchmarks/engine_processes.py
+
 .PHONY: bench-lora
 bench-lora: venv ## LoRA benchmark: N adapters on one runtime vs N merged runtimes (docs/benchmarks.md).
 	$(PY) benchmarks/bench_lora.py

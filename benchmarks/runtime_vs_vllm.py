@@ -19,14 +19,12 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import httpx
-from servers import Server
+from servers import Server, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -108,11 +106,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--ttft-requests", type=int, default=25)
     opts = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="pagoda-bench-"))
-    model = work / "tiny"
-    subprocess.run([str(BIN / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
-    # Read vLLM's and torch's files once so the first server timed does not pay for a cold page cache.
-    subprocess.run([sys.executable, "-c", "import vllm.entrypoints.openai.api_server"], check=True)
+    work, model = prepare("pagoda-bench-")
 
     def pagoda(port: int, *flags: str) -> list[str]:
         head = [str(BIN / "pagoda-runtime"), "serve", "--model", f"file://{model}", "--served-model-name"]

@@ -1,15 +1,28 @@
 """A runtime (or plain vLLM) server started by a benchmark: its own TMPDIR and vLLM cache, so that no server
-starts on another's warm cache; ready at its first 200 on /v1/models. Shared by runtime_vs_vllm.py and
-bench_lora.py (benchmarks run as scripts, so their folder is on sys.path)."""
+starts on another's warm cache; ready at its first 200 on /v1/models. Shared by runtime_vs_vllm.py,
+bench_lora.py and engine_processes.py (benchmarks run as scripts, so their folder is on sys.path)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import httpx
+
+
+def prepare(prefix: str) -> tuple[Path, Path]:
+    """A new work folder and the tiny model in it (`pagoda-runtime make-tiny-model`), with vLLM's and torch's
+    files read once, so that the first server timed does not pay for a cold page cache."""
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    model = work / "tiny"
+    bin_dir = Path(sys.executable).parent
+    subprocess.run([str(bin_dir / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
+    subprocess.run([sys.executable, "-c", "import vllm.entrypoints.openai.api_server"], check=True)
+    return work, model
 
 
 class Server:

@@ -1,0 +1,109 @@
+"""vLLM's process model on the CPU backend, side by side in one run, on the tiny local model:
+
+- "worker process": vLLM's CPU default. The platform runs the model in a worker process beside the
+  EngineCore (to set up OpenMP thread binding), so a runtime is three processes: API server, EngineCore,
+  worker; the EngineCore and the worker wait on each other in a spin loop.
+- "in EngineCore": VLLM_ENABLE_V1_MULTIPROCESSING=0 (what examples/tiny-cpu.yaml sets). The model runs in
+  the EngineCore, as vLLM does on one GPU; the runtime's AsyncLLM keeps the EngineCore a process of its own.
+
+    make bench-engine             (or: .venv/bin/python benchmarks/engine_processes.py [--rounds N])
+
+Each round starts one runtime of each kind, alternating which goes first, each with its own TMPDIR and
+vLLM cache (as a pod with a new cache volume), with the sample's CPU settings (thread binding off, one
+OpenMP thread). Per server: seconds from process start to the first 200 on /v1/models, the CPU seconds its
+process tree spent until then, and, under 12 concurrent streams of 32 tokens (the autoscaling scenario's
+load), generated tokens per second and the cores its process tree kept busy. Prints a markdown table and
+writes the raw numbers to .pagoda-dev/bench-engine.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from runtime_vs_vllm import BIN, ROOT, VLLM_ONLY, throughput
+from servers import Server, prepare
+
+SAMPLE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
+KINDS = {"worker process": {}, "in EngineCore": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+FLAGS = ["--max-model-len", "512", "--max-num-seqs", "8", "--dtype", "float32", "--block-size", "32"]
+
+
+def cpu_seconds(server: Server) -> float:
+    """CPU seconds of the server's process tree so far: live processes, and the children it reaped."""
+    root = psutil.Process(server.proc.pid)
+    total = root.cpu_times().children_user + root.cpu_times().children_system
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def measure(name: str, env: dict[str, str], model: Path, port: int, work: Path) -> dict[str, float]:
+    argv = [str(BIN / "pagoda-runtime"), "serve", "--model", f"file://{model}", "--served-model-name", "tiny"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), *FLAGS, "--", *VLLM_ONLY]
+    server = Server(name, argv, port, work, env={**SAMPLE_ENV, **env})
+    try:
+        server.wait_ready()
+        start_cpu = cpu_seconds(server)
+        asyncio.run(throughput(server, 4, 8))  # warm-up
+        before, began = cpu_seconds(server), time.perf_counter()
+        tokens_per_s = asyncio.run(throughput(server, streams=12, tokens=32))
+        cores = (cpu_seconds(server) - before) / (time.perf_counter() - began)
+        processes = 1 + len(psutil.Process(server.proc.pid).children(recursive=True))
+    finally:
+        server.stop()
+    return {
+        "startup_s": server.startup_s,
+        "startup_cpu_s": start_cpu,
+        "tokens_per_s": tokens_per_s,
+        "cores_under_load": cores,
+        "processes": processes,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    opts = parser.parse_args()
+    work, model = prepare("pagoda-bench-engine-")
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in KINDS}
+    port = 18430
+    for i in range(opts.rounds):
+        for kind in list(KINDS) if i % 2 == 0 else list(KINDS)[::-1]:
+            port += 1
+            results[kind].append(measure(f"{kind.replace(' ', '-')}-{i}", KINDS[kind], model, port, work))
+            print(kind, results[kind][-1], flush=True)
+    out = ROOT / ".pagoda-dev" / "bench-engine.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+
+    def median(kind: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[kind])
+
+    base, new = KINDS
+    print(f"\n| median of {opts.rounds} | {base} | {new} | ratio |\n|---|---|---|---|")
+    for key, label in [
+        ("processes", "processes"),
+        ("startup_s", "start-up to ready (s)"),
+        ("startup_cpu_s", "CPU seconds until ready"),
+        ("tokens_per_s", "generated tokens/s, 12 streams"),
+        ("cores_under_load", "cores busy under that load"),
+    ]:
+        a, b = median(base, key), median(new, key)
+        print(f"| {label} | {a:.2f} | {b:.2f} | {b / a:.2f}x |")
+    print(f"\nRaw numbers: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
