@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 
 import psutil
-from runtime_vs_vllm import BIN, ROOT, VLLM_ONLY, throughput
-from servers import Server, prepare
+from runtime_vs_vllm import ROOT, VLLM_ONLY, throughput
+from servers import BIN, Server, prepare
 
 SAMPLE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
 KINDS = {"worker process": {}, "in EngineCore": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
@@ -38,7 +38,8 @@ FLAGS = ["--max-model-len", "512", "--max-num-seqs", "8", "--dtype", "float32", 
 def cpu_seconds(server: Server) -> float:
     """CPU seconds of the server's process tree so far: live processes, and the children it reaped."""
     root = psutil.Process(server.proc.pid)
-    total = root.cpu_times().children_user + root.cpu_times().children_system
+    reaped = root.cpu_times()
+    total = reaped.children_user + reaped.children_system
     for proc in [root, *root.children(recursive=True)]:
         try:
             times = proc.cpu_times()

@@ -24,10 +24,9 @@ import time
 from pathlib import Path
 
 import httpx
-from servers import Server, prepare
+from servers import BIN, Server, prepare
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 ENGINE_FLAGS = ["--max-model-len", "4096", "--dtype", "float32"]
 VLLM_ONLY = ["--enforce-eager"]
 

@@ -13,14 +13,15 @@ from pathlib import Path
 
 import httpx
 
+BIN = Path(sys.executable).parent  # the venv's bin: pagoda-runtime and its Python
+
 
 def prepare(prefix: str) -> tuple[Path, Path]:
     """A new work folder and the tiny model in it (`pagoda-runtime make-tiny-model`), with vLLM's and torch's
     files read once, so that the first server timed does not pay for a cold page cache."""
     work = Path(tempfile.mkdtemp(prefix=prefix))
     model = work / "tiny"
-    bin_dir = Path(sys.executable).parent
-    subprocess.run([str(bin_dir / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
+    subprocess.run([str(BIN / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
     subprocess.run([sys.executable, "-c", "import vllm.entrypoints.openai.api_server"], check=True)
     return work, model
 

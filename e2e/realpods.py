@@ -29,6 +29,12 @@ def isvc(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return result
 
 
+def patch_spec(cluster: Cluster, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    """Merge `spec` into the InferenceService's spec (kubectl patch --type=merge; None removes a field)."""
+    patch = json.dumps({"spec": spec})
+    cluster.kubectl("patch", "inferenceservice", name, "-n", namespace, "--type=merge", "-p", patch)
+
+
 def wait_condition(
     cluster: Cluster, namespace: str, name: str, kind: str, status: str = "True", timeout: float = 420
 ) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from e2e.cluster import MODELS_DIR, Cluster, tiny_model
 from e2e.fixtures import tiny_sample
 from e2e.observability import Load
 from e2e.processes import OperatorProcess, wait_until
-from e2e.realpods import ServiceEndpoints, get_json, ready_pods, wait_condition
+from e2e.realpods import ServiceEndpoints, get_json, patch_spec, ready_pods, wait_condition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 REPLICAS = 2
@@ -56,10 +56,7 @@ def make_adapter() -> Path:
 
 
 def set_adapters(cluster: Cluster, namespace: str, adapters: list[dict[str, str]]) -> None:
-    patch = {"spec": {"lora": {**LIMITS, "adapters": adapters}}}
-    cluster.kubectl(
-        "patch", "inferenceservice", "tiny", "-n", namespace, "--type=merge", "-p", yaml.safe_dump(patch)
-    )
+    patch_spec(cluster, namespace, "tiny", {"lora": {**LIMITS, "adapters": adapters}})
 
 
 def status(cluster: Cluster, namespace: str) -> dict[str, Any]:

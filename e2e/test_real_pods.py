@@ -37,6 +37,7 @@ from e2e.realpods import (
     condition,
     get_json,
     is_real_pod_ip,
+    patch_spec,
     pods,
     ready_pods,
     wait_condition,
@@ -84,11 +85,6 @@ def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> It
         yield namespace
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false")
-
-
-def patch_spec(cluster: Cluster, namespace: str, spec: dict[str, Any]) -> None:
-    patch = yaml.safe_dump({"spec": spec})
-    cluster.kubectl("patch", "inferenceservice", "tiny", "-n", namespace, "--type=merge", "-p", patch)
 
 
 def served(load: Load, pod: dict[str, Any]) -> int:
@@ -184,7 +180,7 @@ def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: s
     assert not any(ns.endswith(uid[:8]) for ns in podnet._netns_names())
     assert served(load, victim) > 0, "the deleted pod took no request of the load"
 
-    patch_spec(cluster, serving, {"replicas": 1})
+    patch_spec(cluster, serving, "tiny", {"replicas": 1})
     wait_ready_replicas(cluster, serving, "tiny", 1)
     assert [p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")] == [survivor["metadata"]["uid"]]
 
@@ -215,14 +211,14 @@ def test_a_spec_change_and_a_scheduled_restart_roll_under_load_with_no_failed_re
         return found
 
     def set_schedule(schedule: dict[str, Any] | None) -> None:
-        patch_spec(cluster, serving, {"restartSchedule": schedule})
+        patch_spec(cluster, serving, "tiny", {"restartSchedule": schedule})
 
     assert stamp() is None
     endpoints, load = under_load(cluster, serving)
     try:
         set_schedule({"every": "1m"})
         planned = wait_until(lambda: isvc_restarts().get("next"), "status.restarts.next", timeout=60)
-        patch_spec(cluster, serving, {"runtime": {"drainTimeoutSeconds": 12}})
+        patch_spec(cluster, serving, "tiny", {"runtime": {"drainTimeoutSeconds": 12}})
         restarted_at = wait_until(stamp, "the scheduled restart", timeout=600, interval=1)
         assert restarted_at >= planned
         wait_until(
