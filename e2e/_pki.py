@@ -1,8 +1,9 @@
 """Keys and certificates for one local control plane: a CA, the API server's serving certificate, an
-admin client certificate (group system:masters), the service-account signing key pair, and the
-aggregation layer's front-proxy CA and client certificate (the API server's identity when it proxies
-to an extension API server such as KEDA's metrics adapter). Also `write_tls_dir`, a CA and one leaf for
-an add-on's own TLS."""
+admin client certificate (group system:masters), the API server's client certificate for kubelets, the
+service-account signing key pair, and the aggregation layer's front-proxy CA and client certificate (the
+API server's identity when it proxies to an extension API server such as KEDA's metrics adapter).
+`issue_leaf` signs more leaves with the cluster CA (a real node's kubelet and kube-proxy, e2e/realnode.py).
+Also `write_tls_dir`, a CA and one leaf for an add-on's own TLS."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 @dataclass(frozen=True)
 class Pki:
     ca_cert: Path
+    ca_key: Path
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
@@ -29,8 +31,14 @@ class Pki:
     front_proxy_ca_cert: Path
     front_proxy_client_cert: Path
     front_proxy_client_key: Path
+    kubelet_client_cert: Path  # kube-apiserver --kubelet-client-certificate: its identity towards kubelets
+    kubelet_client_key: Path
 
 
+CA_NAME = "pagoda-local-ca"
+# The API server's user name towards kubelets (as kubeadm names it); in system:masters, so a kubelet's
+# webhook authorization lets it read logs, exec and port-forward.
+KUBELET_CLIENT = "kube-apiserver-kubelet-client"
 # The front-proxy client certificate's CN: kube-apiserver --requestheader-allowed-names. Extension API
 # servers trust request headers (X-Remote-User, ...) only from a client certificate with this name.
 FRONT_PROXY_CLIENT = "front-proxy-client"
@@ -102,11 +110,13 @@ def _issue(
     return builder.sign(issuer_key, hashes.SHA256())
 
 
-def write_pki(directory: Path) -> Pki:
-    """Writes a fresh set of keys and certificates into `directory`."""
+def write_pki(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Writes a fresh set of keys and certificates into `directory`. `extra_ips`: more addresses the API
+    server serves on (a real node's bridge address, where its pods reach it)."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         admin_cert=directory / "admin.crt",
@@ -116,10 +126,13 @@ def write_pki(directory: Path) -> Pki:
         front_proxy_ca_cert=directory / "front-proxy-ca.crt",
         front_proxy_client_cert=directory / "front-proxy-client.crt",
         front_proxy_client_key=directory / "front-proxy-client.key",
+        kubelet_client_cert=directory / "apiserver-kubelet-client.crt",
+        kubelet_client_key=directory / "apiserver-kubelet-client.key",
     )
-    ca_key, ca_name = _key(), _name("pagoda-local-ca")
+    ca_key, ca_name = _key(), _name(CA_NAME)
     ca = _issue(ca_name, ca_key, ca_name, ca_key, ca=True)
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    _write_key(pki.ca_key, ca_key)
 
     serving_key = _key()
     sans: list[x509.GeneralName] = [
@@ -130,6 +143,7 @@ def write_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default"),
         x509.DNSName("kubernetes.default.svc"),
         x509.DNSName("kubernetes.default.svc.cluster.local"),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
     ]
     serving = _issue(
         _name("kube-apiserver"),
@@ -152,6 +166,7 @@ def write_pki(directory: Path) -> Pki:
     )
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
     _write_key(pki.admin_key, admin_key)
+    issue_leaf(pki, pki.kubelet_client_cert, pki.kubelet_client_key, KUBELET_CLIENT, "system:masters")
 
     sa_key = _key()
     _write_key(pki.sa_key, sa_key)
@@ -176,6 +191,30 @@ def write_pki(directory: Path) -> Pki:
     pki.front_proxy_client_cert.write_bytes(fp_client.public_bytes(serialization.Encoding.PEM))
     _write_key(pki.front_proxy_client_key, fp_client_key)
     return pki
+
+
+def issue_leaf(
+    pki: Pki,
+    cert: Path,
+    key: Path,
+    common_name: str,
+    org: str | None = None,
+    *,
+    server_ips: tuple[str, ...] = (),
+) -> None:
+    """A key and a certificate signed by the cluster CA: a client certificate (`common_name` is the user,
+    `org` its group), or a serving one too when `server_ips` names the addresses it serves on."""
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    leaf_key = _key()
+    usages: tuple[x509.ObjectIdentifier, ...] = (ExtendedKeyUsageOID.CLIENT_AUTH,)
+    sans: list[x509.GeneralName] | None = None
+    if server_ips:
+        usages += (ExtendedKeyUsageOID.SERVER_AUTH,)
+        sans = [x509.IPAddress(ipaddress.ip_address(ip)) for ip in server_ips]
+    leaf = _issue(_name(common_name, org), leaf_key, _name(CA_NAME), ca_key, usages=usages, sans=sans)
+    cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    _write_key(key, leaf_key)
 
 
 def write_tls_dir(directory: Path, common_name: str, dns_names: list[str], ips: list[str]) -> TlsDir:

@@ -67,8 +67,13 @@ def component_args(
     api_port: int,
     kcm_port: int,
     sched_port: int,
+    api_address: str = "127.0.0.1",
 ) -> dict[str, list[str]]:
-    """Command-line arguments of each component, in start order."""
+    """Command-line arguments of each component, in start order. `api_address`: where kube-apiserver
+    serves; loopback, or a real node's bridge address, where that node's pods reach it through the
+    `kubernetes` Service (e2e/realnode.py)."""
+    # Endpoints may not carry a loopback address: then the `kubernetes` Service gets none.
+    reconciler = ["--endpoint-reconciler-type=none"] if api_address == "127.0.0.1" else []
     peer = f"http://127.0.0.1:{peer_port}"
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     delegated = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}"]
@@ -91,8 +96,8 @@ def component_args(
         ],
         "kube-apiserver": [
             f"--etcd-servers={etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={api_address}",
+            f"--advertise-address={api_address}",
             f"--secure-port={api_port}",
             f"--cert-dir={workdir / 'kube-apiserver'}",
             f"--tls-cert-file={pki.serving_cert}",
@@ -103,8 +108,12 @@ def component_args(
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # Endpoints may not carry a loopback address, so the `kubernetes` Service gets none here.
-            "--endpoint-reconciler-type=none",
+            *reconciler,
+            # Towards kubelets (logs, exec, port-forward): a client certificate, and theirs checked.
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
             "--allow-privileged=true",
             "--profiling=false",
             # The aggregation layer (APIService objects, e.g. KEDA's external metrics): the API server proxies
@@ -166,9 +175,9 @@ class Launcher:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         log_dir.mkdir(parents=True, exist_ok=True)
 
-    def launch(self, name: str, args: list[str]) -> int:
+    def launch(self, name: str, args: list[str], env: dict[str, str] | None = None) -> int:
         """Starts component `name` with `args` (a binary in bin_dir, or `python -m MODULE` for the harness's
-        own components, run from the repository root); returns its PID."""
+        own components, run from the repository root) and `env` (default: this process'); returns its PID."""
         argv = [str(program(self.bin_dir, name)), *args]
         if name in PYTHON_COMPONENTS:
             argv[1:1] = ["-m", PYTHON_COMPONENTS[name]]
@@ -179,6 +188,7 @@ class Launcher:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 cwd=REPO_ROOT,
+                env=env,
                 start_new_session=True,
                 preexec_fn=None if self.detach else _die_with_parent,
             )

@@ -12,6 +12,7 @@ Every process started is recorded by PID (the state file in the workdir) and `st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -25,14 +26,25 @@ from typing import Any
 
 import yaml
 
-from e2e import _objects, _procs, podnet
+from e2e import _objects, _procs, podnet, realnode, registry
 from e2e._pki import write_pki
-from e2e.processes import free_ports
+from e2e.processes import free_ports, http_ok
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEV_DIR = REPO_ROOT / ".pagoda-dev"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
+REAL_NODE_BINARIES = (
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "kubelet",
+    "kube-proxy",
+    "registry",
+    "cni/bridge",
+    "cni/host-local",
+    "cni/loopback",
+)
 CRD_FILES = (
     "keda.sh_scaledobjects.yaml",
     "monitoring.coreos.com_servicemonitors.yaml",
@@ -56,8 +68,9 @@ def default_bin_dir() -> Path:
     return Path(os.environ.get("PAGODA_BIN") or DEV_DIR / "bin").resolve()
 
 
-def check_bin_dir(bin_dir: Path) -> None:
-    missing = [name for name in BINARIES if not os.access(bin_dir / name, os.X_OK)]
+def check_bin_dir(bin_dir: Path, real_node: bool = False) -> None:
+    binaries = BINARIES + (REAL_NODE_BINARIES if real_node else ())
+    missing = [name for name in binaries if not os.access(bin_dir / name, os.X_OK)]
     missing += [f"crds/{name}" for name in CRD_FILES if not (bin_dir / "crds" / name).is_file()]
     if not (bin_dir / "kwok-stages.yaml").is_file():
         missing.append("kwok-stages.yaml")
@@ -78,6 +91,7 @@ class Cluster:
     server: str
     pids: dict[str, int] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)  # the add-ons' endpoints, for people
+    node: realnode.NodeNetwork | None = None  # the real node's network, when this cluster has one
     _launcher: _procs.Launcher | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -113,6 +127,8 @@ class Cluster:
         whatever pod processes and network namespaces a node agent that did not end cleanly left."""
         if not self.pids:
             return
+        if self.node is not None and "kubelet" in self.pids:
+            realnode.drain(self)  # while its kubelet still runs: each pod's preStop, SIGTERM, CNI teardown
         own = self._launcher.procs if self._launcher else {}
         for name in reversed(list(self.pids)):
             if name in own:
@@ -121,6 +137,8 @@ class Cluster:
                 _procs.terminate(self.pids[name], _procs.program(self.bin_dir, name))
         self.pids.clear()
         podnet.sweep()
+        if self.node is not None:
+            realnode.teardown(self.node, self.bin_dir)
         (self.workdir / STATE_FILE).unlink(missing_ok=True)
 
     def save_state(self) -> None:
@@ -130,6 +148,7 @@ class Cluster:
             "bin_dir": str(self.bin_dir),
             "pids": self.pids,
             "urls": self.urls,
+            "node": dataclasses.asdict(self.node) if self.node else None,
         }
         (self.workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
@@ -146,6 +165,7 @@ class Cluster:
             server=state["server"],
             pids={k: int(v) for k, v in state["pids"].items()},
             urls=state.get("urls", {}),
+            node=realnode.NodeNetwork(**state["node"]) if state.get("node") else None,
         )
 
 
@@ -173,26 +193,84 @@ def start_node_agent(cluster: Cluster, launcher: _procs.Launcher, deadline: floa
         api.close()
 
 
+def start_registry(cluster: Cluster, launcher: _procs.Launcher, timeout: float = 30.0) -> str:
+    """Runs the local registry (e2e/registry.py) and pushes `make images`' images and the chart; returns
+    host:port."""
+    (port,) = free_ports(1)
+    cluster.pids["registry"] = launcher.launch("registry", registry.args(cluster.workdir, port))
+    cluster.save_state()
+    address = f"127.0.0.1:{port}"
+    _procs.wait_until(
+        launcher,
+        "the registry",
+        lambda: http_ok(f"http://{address}/v2/"),
+        time.monotonic() + timeout,
+        "registry",
+    )
+    registry.record_pushed(cluster.workdir, registry.push_images(address))
+    registry.push_chart(address, cluster.bin_dir / "helm", cluster.workdir)
+    cluster.urls["registry"] = address
+    return address
+
+
+def start_real_node(
+    cluster: Cluster,
+    launcher: _procs.Launcher,
+    network: realnode.NodeNetwork,
+    pki: Any,
+    timeout: float = 120.0,
+) -> None:
+    """The registry, then the real node; returns when the node is Ready."""
+    address = start_registry(cluster, launcher)
+    realnode.start(cluster, launcher, network, pki, address, time.monotonic() + timeout)
+    cluster.save_state()
+
+
 def start(
-    workdir: Path, bin_dir: Path | None = None, *, detach: bool = False, timeout: float = START_TIMEOUT
+    workdir: Path,
+    bin_dir: Path | None = None,
+    *,
+    detach: bool = False,
+    timeout: float = START_TIMEOUT,
+    real_node: bool = False,
 ) -> Cluster:
     """Starts every component, then waits until the API serves, controllers and scheduler are healthy,
-    the fake GPU nodes are Ready and the third-party CRDs are Established."""
+    the fake GPU nodes are Ready and the third-party CRDs are Established. With `real_node`, also the local
+    registry (with `make images`' images pushed) and a kubelet + containerd node (e2e/realnode.py); the
+    API server then serves on that node's bridge address, where its pods reach it."""
     bin_dir = (bin_dir or default_bin_dir()).resolve()
-    check_bin_dir(bin_dir)
+    check_bin_dir(bin_dir, real_node)
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
-    pki = write_pki(workdir / "pki")
+    network = realnode.NodeNetwork.create(workdir) if real_node else None
+    api_address = network.address if network else "127.0.0.1"
+    try:
+        pki = write_pki(workdir / "pki", extra_ips=(api_address,) if network else ())
+    except BaseException:
+        if network:
+            network.down()
+        raise
     etcd_port, peer_port, api_port, kcm_port, sched_port = free_ports(5)
-    server = f"https://127.0.0.1:{api_port}"
+    server = f"https://{api_address}:{api_port}"
     kubeconfig = workdir / "admin.kubeconfig"
     _procs.write_kubeconfig(kubeconfig, server, pki)
     launcher = _procs.Launcher(bin_dir, workdir / "logs", detach=detach)
-    cluster = Cluster(workdir, bin_dir, kubeconfig, server, _launcher=None if detach else launcher)
+    cluster = Cluster(
+        workdir, bin_dir, kubeconfig, server, _launcher=None if detach else launcher, node=network
+    )
     deadline = time.monotonic() + timeout
     try:
         for name, args in _procs.component_args(
-            workdir, bin_dir, pki, kubeconfig, etcd_port, peer_port, api_port, kcm_port, sched_port
+            workdir,
+            bin_dir,
+            pki,
+            kubeconfig,
+            etcd_port,
+            peer_port,
+            api_port,
+            kcm_port,
+            sched_port,
+            api_address,
         ).items():
             cluster.pids[name] = launcher.launch(name, args)
             cluster.save_state()
@@ -212,6 +290,8 @@ def start(
             _objects.wait_service_account(launcher, api, "default", deadline)
         finally:
             api.close()
+        if network is not None:
+            start_real_node(cluster, launcher, network, pki)
         start_node_agent(cluster, launcher, deadline)
     except BaseException:
         cluster.stop()
@@ -231,7 +311,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     # A new cluster each time: etcd's data from the last one holds objects signed by the old keys.
     shutil.rmtree(workdir / "etcd", ignore_errors=True)
     began = time.monotonic()
-    cluster = start(workdir, detach=True)
+    cluster = start(workdir, detach=True, real_node=True)
     from e2e.stack import start_stack  # the add-ons build on this module
 
     try:
@@ -240,10 +320,12 @@ def _cmd_up(args: argparse.Namespace) -> int:
         cluster.stop()
         raise
     cluster.pids.update(stack.pids)
-    cluster.urls = {
-        "prometheus": stack.prometheus_url,
-        "kube-state-metrics": stack.addons.kube_state_metrics.metrics_url,
-    }
+    cluster.urls.update(
+        {
+            "prometheus": stack.prometheus_url,
+            "kube-state-metrics": stack.addons.kube_state_metrics.metrics_url,
+        }
+    )
     cluster.save_state()
     start_operator(cluster)
     link = Path(args.kubeconfig)
@@ -278,6 +360,12 @@ def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
     for name, url in cluster.urls.items():
         print(f"  {name:<19} {url}")
     print(f"  node agent          node {REAL_NODE}: pods run here as processes (log {cluster.workdir}/logs)")
+    if cluster.node is not None:
+        print(
+            f"  real node           {realnode.NODE_NAME} at {cluster.node.address}: kubelet, containerd, "
+            f"kube-proxy (taint {realnode.NODE_LABEL}; config in {cluster.workdir}/node)"
+        )
+        print(f"  helm install        pagoda oci://{cluster.urls.get('registry')}/charts/pagoda --plain-http")
     print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
     print(f"\n  export KUBECONFIG={kubeconfig}")
     print(f"  {kubectl} get nodes      # {REAL_NODE} (real pods) and two kwok nodes with 8 fake GPUs each")
@@ -309,9 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def start_private(bin_dir: Path | None = None) -> Cluster:
+def start_private(bin_dir: Path | None = None, *, real_node: bool = False) -> Cluster:
     """A cluster in a fresh temp dir, for tests; its processes die with the calling process."""
-    return start(Path(tempfile.mkdtemp(prefix="pagoda-cluster-")), bin_dir)
+    return start(Path(tempfile.mkdtemp(prefix="pagoda-cluster-")), bin_dir, real_node=real_node)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,11 @@
 """Fixtures for the e2e tests: the real local control plane (see e2e/fixtures.py)."""
 
+import pytest
+
 from e2e.fixtures import cluster, cluster_api, namespace, operator, stack  # noqa: F401
+
+
+@pytest.fixture(scope="session")
+def real_node() -> bool:
+    """Tier 4's cluster has the real node (e2e/realnode.py) and the local registry."""
+    return True

@@ -19,17 +19,24 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import _objects
+from e2e import _objects, realnode
 from e2e.cluster import Cluster, ToolsMissingError, check_bin_dir, default_bin_dir, start_private
 from e2e.processes import OperatorProcess
 from e2e.stack import Stack, run_operator, start_stack
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
+def real_node() -> bool:
+    """Whether the session's cluster has a real node (kubelet + containerd, the local registry). Tier 2
+    runs without one; e2e/conftest.py overrides this for tier 4."""
+    return False
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest, real_node: bool) -> Iterator[Cluster]:
     bin_dir = default_bin_dir()
     try:
-        check_bin_dir(bin_dir)
+        check_bin_dir(bin_dir, real_node)
     except ToolsMissingError as exc:
         pytest.fail(str(exc), pytrace=False)
     reuse = os.environ.get("PAGODA_KUBECONFIG")
@@ -37,15 +44,19 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
         yield Cluster.from_kubeconfig(Path(reuse), bin_dir)
         return
     began = time.monotonic()
-    instance = start_private(bin_dir)
+    instance = start_private(bin_dir, real_node=real_node)
     print(
         f"\nStarted the local control plane at {instance.server} in {time.monotonic() - began:.1f}s "
         f"(workdir {instance.workdir})."
     )
+    node = instance.node
     try:
         yield instance
     finally:
         instance.stop()
+        if node is not None:  # `down` leaves nothing behind: no process, mount, cgroup, link or table
+            left = realnode.leftovers(node)
+            assert not left, f"The real node left these behind: {left}"
         if request.session.testsfailed == 0:
             shutil.rmtree(instance.workdir, ignore_errors=True)
         else:

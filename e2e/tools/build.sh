@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
-# Builds the local control plane's programs from the Go module in this folder (versions pinned in go.mod),
-# and, each from a module of its own (apart so that their dependency graphs never meet the Kubernetes pins):
-# the MinIO server for the s3:// model-source test (minio/go.mod), KEDA's operator and metrics adapter
-# (keda/go.mod), kube-state-metrics (kube-state-metrics/go.mod) and the Gateway API Inference Extension's
-# endpoint picker (gie/go.mod), Argo CD's application controller and repo server (argocd/go.mod: one small main,
-# built with the Go toolchain its go.mod names), the e2e add-ons, and dashboard-lint (dashboard-lint/go.mod: checks the chart's
-# Grafana dashboards against Grafana's schema, for the unit tests).
+# Builds the local control plane's programs and the real node's kubelet and kube-proxy from the Go module in this
+# folder (versions pinned in go.mod), and, each from a module of its own (apart so that their dependency graphs
+# never meet the Kubernetes pins): the real node's containerd, runc shim and ctr (containerd/go.mod), its CNI
+# plugins bridge, host-local and loopback (cni/go.mod: apart from containerd's module too, which requires an older
+# release of the plugins' module), the distribution registry (registry/go.mod), the MinIO server for the s3://
+# model-source test (minio/go.mod), KEDA's operator and metrics adapter (keda/go.mod), kube-state-metrics
+# (kube-state-metrics/go.mod) and the Gateway API Inference Extension's endpoint picker (gie/go.mod), Argo CD's
+# application controller and repo server (argocd/go.mod: one small main, built with the Go toolchain its go.mod
+# names), the e2e add-ons, and dashboard-lint (dashboard-lint/go.mod: checks the chart's Grafana dashboards
+# against Grafana's schema, for the unit tests).
 # Copies the third-party CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the
 # InferencePool's from the version in gie/go.mod, Argo CD's Application and AppProject from argocd/go.mod, the Prometheus Operator's pinned below).
 #
 #   bash e2e/tools/build.sh OUTDIR      (the Makefile runs: bash e2e/tools/build.sh .pagoda-dev/bin)
 #
-# OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, minio,
+# OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd,
+# kwok, helm, containerd, containerd-shim-runc-v2, ctr, cni/{bridge,host-local,loopback}, registry, minio,
 # keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), dashboard-lint and
-# crds/*.yaml. Idempotent:
+# crds/*.yaml; all static (CGO_ENABLED=0). Idempotent:
 # OUTDIR/.build-stamp holds a hash of every module's go.mod and go.sum and this script; when it matches and
 # every output exists, nothing is done. Go's module and build caches make a rebuild after a version change incremental.
 set -euo pipefail
 
+CONTAINERD_MODULE=github.com/containerd/containerd/v2
+CNI_MODULE=github.com/containernetworking/plugins
+REGISTRY_MODULE=github.com/distribution/distribution/v3
 KEDA_MODULE=github.com/kedacore/keda/v2
 KSM_MODULE=k8s.io/kube-state-metrics/v2
 GIE_MODULE=sigs.k8s.io/gateway-api-inference-extension
@@ -25,7 +32,10 @@ ARGOCD_MODULE=github.com/argoproj/argo-cd/v3
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.85.0
 
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok helm minio
+# The CNI plugins go to OUTDIR/cni/, a directory of their own for the runtime's CNI bin_dir.
+CNI_PLUGINS=(bridge host-local loopback)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok helm
+    containerd containerd-shim-runc-v2 ctr "${CNI_PLUGINS[@]/#/cni/}" registry minio
     keda-operator keda-adapter kube-state-metrics epp argocd git-verify-wrapper.sh dashboard-lint)
 # All six of KEDA's CRDs (its operator watches every kind), then the Prometheus Operator's two.
 KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml
@@ -48,10 +58,12 @@ if [[ $# -ne 1 ]]; then
     exit 2
 fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-mkdir -p "$1/crds"
+mkdir -p "$1/crds" "$1/cni"
 out="$(cd "$1" && pwd)"
 
-stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/minio/go.mod" "$here/minio/go.sum" \
+stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/containerd/go.mod" "$here/containerd/go.sum" \
+    "$here/cni/go.mod" "$here/cni/go.sum" "$here/registry/go.mod" "$here/registry/go.sum" \
+    "$here/minio/go.mod" "$here/minio/go.sum" \
     "$here/keda/go.mod" "$here/keda/go.sum" "$here/kube-state-metrics/go.mod" "$here/kube-state-metrics/go.sum" \
     "$here/gie/go.mod" "$here/gie/go.sum" "$here/argocd/go.mod" "$here/argocd/go.sum" "$here/argocd/main.go" \
     "$here/dashboard-lint/go.mod" "$here/dashboard-lint/go.sum" |
@@ -72,6 +84,9 @@ export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 # checks a chart's kubeVersion against chartutil's). Taken from go.mod, the single source of the versions.
 k8s_version="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 helm_version="$(go list -m -f '{{.Version}}' helm.sh/helm/v3)"
+containerd_version="$(go -C containerd list -m -f '{{.Version}}' "$CONTAINERD_MODULE")"
+cni_version="$(go -C cni list -m -f '{{.Version}}' "$CNI_MODULE")"
+registry_version="$(go -C registry list -m -f '{{.Version}}' "$REGISTRY_MODULE")"
 keda_version="$(go -C keda list -m -f '{{.Version}}' "$KEDA_MODULE")"
 ksm_version="$(go -C kube-state-metrics list -m -f '{{.Version}}' "$KSM_MODULE")"
 gie_version="$(go -C gie list -m -f '{{.Version}}' "$GIE_MODULE")"
@@ -88,6 +103,12 @@ helm_x="-X helm.sh/helm/v3/internal/version.version=$helm_version -X helm.sh/hel
 for pkg in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
     helm_x+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$k8s_minor"
 done
+# A module has no commit to stamp as the revision: its go.sum hash (h1:...) names the exact source tree built.
+containerd_x="-X $CONTAINERD_MODULE/version.Version=$containerd_version"
+containerd_x+=" -X $CONTAINERD_MODULE/version.Revision=$(go -C containerd list -m -f '{{.Sum}}' "$CONTAINERD_MODULE")"
+cni_x="-X $CNI_MODULE/pkg/utils/buildversion.BuildVersion=$cni_version"
+registry_x="-X $REGISTRY_MODULE/version.version=$registry_version"
+registry_x+=" -X $REGISTRY_MODULE/version.revision=$(go -C registry list -m -f '{{.Sum}}' "$REGISTRY_MODULE")"
 keda_x="-X $KEDA_MODULE/version.Version=$keda_version"
 ksm_x="-X github.com/prometheus/common/version.Version=$ksm_version"
 gie_x="-X $GIE_MODULE/version.BuildRef=$gie_version"
@@ -102,6 +123,24 @@ step() {
     echo "==> $name"
     "$@"
     echo "    $name took $((SECONDS - step_start))s"
+}
+
+# Without the btrfs (needs cgo), devmapper and ZFS snapshotters; overlayfs and native remain. All three programs
+# in one go build: they share the tags and the version stamps.
+build_containerd() {
+    (cd "$here/containerd" && go build "${build_flags[@]}" -tags "no_btrfs no_devmapper no_zfs" \
+        -ldflags="-s -w $containerd_x" -o "$out/" "$CONTAINERD_MODULE/cmd/containerd" \
+        "$CONTAINERD_MODULE/cmd/containerd-shim-runc-v2" "$CONTAINERD_MODULE/cmd/ctr")
+}
+
+build_cni_plugins() {
+    (cd "$here/cni" && go build "${build_flags[@]}" -ldflags="-s -w $cni_x" -o "$out/cni/" \
+        "$CNI_MODULE/plugins/main/bridge" "$CNI_MODULE/plugins/ipam/host-local" "$CNI_MODULE/plugins/main/loopback")
+}
+
+build_registry() {
+    (cd "$here/registry" &&
+        go build "${build_flags[@]}" -ldflags="-s -w $registry_x" -o "$out/registry" "$REGISTRY_MODULE/cmd/registry")
 }
 
 build_minio() {
@@ -168,18 +207,26 @@ copy_kwok_stages() {
 }
 
 step "download modules" go mod download
+step "download modules (containerd/)" go -C containerd mod download
+step "download modules (cni/)" go -C cni mod download
+step "download modules (registry/)" go -C registry mod download
 step "download modules (keda/)" go -C keda mod download
 step "download modules (kube-state-metrics/)" go -C kube-state-metrics mod download
 step "download modules (gie/)" go -C gie mod download
 step "download modules (argocd/, Go $argocd_toolchain)" argocd_go mod download
-step "build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (k8s.io/kubernetes)" \
+step "build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy (k8s.io/kubernetes)" \
     go build "${build_flags[@]}" -ldflags="-s -w$k8s_x" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
 step "build etcd (go.etcd.io/etcd/server/v3)" go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/etcd" ./cmd/etcd
 step "build kwok (sigs.k8s.io/kwok)" go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/kwok" \
     sigs.k8s.io/kwok/cmd/kwok
 step "build helm (helm.sh/helm/v3)" go build "${build_flags[@]}" -ldflags="-s -w $helm_x" -o "$out/helm" \
     helm.sh/helm/v3/cmd/helm
+step "build containerd, containerd-shim-runc-v2, ctr ($CONTAINERD_MODULE $containerd_version, module containerd/)" \
+    build_containerd
+step "build CNI plugins ${CNI_PLUGINS[*]} ($CNI_MODULE $cni_version, module cni/)" build_cni_plugins
+step "build registry ($REGISTRY_MODULE $registry_version, module registry/)" build_registry
 step "build minio (github.com/minio/minio, module minio/)" build_minio
 step "build keda-operator ($KEDA_MODULE $keda_version, module keda/)" build_keda operator
 step "build keda-adapter ($KEDA_MODULE $keda_version, module keda/)" build_keda adapter

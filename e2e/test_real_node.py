@@ -1,0 +1,183 @@
+"""The real node (e2e/realnode.py) as a user's cluster has one: kubelet and containerd from their Go modules
+run Pagoda's images pulled from the local registry, the operator is installed from that registry with
+`helm install oci://...` and works under the chart's RBAC, and Services answer through kube-proxy.
+
+Pods land on the real node only when they ask for it (its taint and label) until every real pod moves
+there from the node agent; see docs/local-cluster.md.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from e2e import realnode, registry
+from e2e.chartenv import adopt_crd, condition, helm, kubectl_json
+from e2e.cluster import Cluster
+from e2e.fixtures import tiny_sample
+from e2e.processes import http_ok, wait_until
+
+pytestmark = pytest.mark.e2e
+
+RELEASE = "pagoda-real"
+FULLNAME = RELEASE  # the chart's fullname: the release name, as it contains the chart's name
+KUBELET_VERSION = "v1.36.3"
+CONTAINERD_VERSION = "containerd://2.4.2"
+ESCAPED_LABEL = realnode.NODE_LABEL.replace(".", "\\.")  # --set splits keys at dots
+ON_REAL_NODE = [
+    f"--set-string=operator.nodeSelector.{ESCAPED_LABEL}=true",
+    f"--set=operator.tolerations[0].key={realnode.NODE_LABEL}",
+    "--set=operator.tolerations[0].operator=Exists",
+    "--set=operator.tolerations[0].effect=NoSchedule",
+]
+
+
+def _node(cluster: Cluster) -> dict[str, Any]:
+    node: dict[str, Any] = kubectl_json(cluster, "get", "node", realnode.NODE_NAME)
+    return node
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The chart, pushed to the local registry and installed from it into a namespace of its own; the
+    operator watches only that namespace. Yields the namespace."""
+    if cluster.node is None:
+        pytest.fail("The session's cluster has no real node (e2e/conftest.py starts one).", pytrace=False)
+    namespace = f"pagoda-real-{uuid.uuid4().hex[:6]}"
+    chart = registry.push_chart(
+        cluster.urls["registry"], cluster.bin_dir / "helm", tmp_path_factory.mktemp("c")
+    )
+    adopt_crd(cluster, RELEASE, namespace)
+    helm(
+        cluster,
+        "install",
+        RELEASE,
+        chart,
+        f"--version={registry.chart_version()}",
+        "--plain-http",
+        f"--namespace={namespace}",
+        "--create-namespace",
+        f"--set=operator.watchNamespace={namespace}",
+        *ON_REAL_NODE,
+        "--wait",
+        "--timeout=180s",
+    )
+    try:
+        yield namespace
+    finally:
+        helm(cluster, "uninstall", RELEASE, f"--namespace={namespace}", "--wait", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _operator_pod(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    pods = kubectl_json(cluster, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/name=pagoda")[
+        "items"
+    ]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    pod: dict[str, Any] = pods[0]
+    return pod
+
+
+def test_node_is_kubelet_and_containerd(cluster: Cluster) -> None:
+    node = _node(cluster)
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == KUBELET_VERSION
+    assert info["containerRuntimeVersion"] == CONTAINERD_VERSION
+    assert condition(node, "Ready").get("status") == "True"
+    assert node["status"]["allocatable"].get("nvidia.com/gpu") == realnode.GPU_CAPACITY
+    addresses = {a["type"]: a["address"] for a in node["status"]["addresses"]}
+    assert cluster.node is not None
+    assert addresses["InternalIP"] == cluster.node.address
+
+
+def test_operator_runs_from_its_image_under_the_chart(cluster: Cluster, release: str) -> None:
+    pod = _operator_pod(cluster, release)
+    assert pod["spec"]["nodeName"] == realnode.NODE_NAME
+    assert pod["spec"]["serviceAccountName"] == FULLNAME
+    status = pod["status"]["containerStatuses"][0]
+    assert status["ready"] is True
+    # Pulled from the local registry through containerd's catch-all mirror: the digest is the one pushed.
+    pushed = registry.pushed(cluster.workdir)
+    reference = pod["spec"]["containers"][0]["image"]
+    assert status["imageID"].endswith(pushed[reference]), (status["imageID"], pushed)
+    # The chart's securityContext, enforced by runc and the kernel (uid/gid, no capabilities, no new
+    # privileges, seccomp filter, read-only root).
+    proc = cluster.kubectl("exec", "-n", release, pod["metadata"]["name"], "--", "cat", "/proc/1/status")
+    fields = dict(line.split(":\t", 1) for line in proc.stdout.splitlines() if ":\t" in line)
+    assert fields["Uid"].split()[:2] == ["65532", "65532"]
+    assert fields["Gid"].split()[:2] == ["65532", "65532"]
+    assert fields["CapEff"].strip() == "0000000000000000"
+    assert fields["NoNewPrivs"].strip() == "1"
+    assert fields["Seccomp"].strip() == "2"
+    write = cluster.kubectl("exec", "-n", release, pod["metadata"]["name"], "--", "touch", "/x", check=False)
+    assert write.returncode != 0 and "Read-only file system" in write.stderr
+    # No default route in a pod: only the pod and Service ranges, through the node.
+    routes = cluster.kubectl("exec", "-n", release, pod["metadata"]["name"], "--", "cat", "/proc/net/route")
+    destinations = [line.split()[1] for line in routes.stdout.splitlines()[1:]]
+    assert destinations and "00000000" not in destinations, routes.stdout
+
+
+def test_operator_reconciles_through_the_kubernetes_service(cluster: Cluster, release: str) -> None:
+    """The operator pod reaches the API server through the `kubernetes` Service (kube-proxy's DNAT to the
+    node's address) and does its work with the chart's permissions only."""
+    sample = tiny_sample(release, "tiny-real-node")
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(sample))
+
+    def ready() -> dict[str, Any] | None:
+        obj = kubectl_json(cluster, "get", "inferenceservice", "tiny-real-node", "-n", release)
+        return obj if condition(obj, "Ready").get("status") == "True" else None
+
+    obj = wait_until(ready, "InferenceService tiny-real-node to be Ready", timeout=120)
+    assert condition(obj, "Ready")["observedGeneration"] == obj["metadata"]["generation"]
+    for kind in ("deployment", "service", "poddisruptionbudget"):
+        kubectl_json(cluster, "get", kind, "tiny-real-node", "-n", release)
+    logs = cluster.kubectl("logs", "-n", release, _operator_pod(cluster, release)["metadata"]["name"]).stdout
+    assert logs.strip(), "kubectl logs (API server -> kubelet -> the container's log file) gave nothing"
+    assert "forbidden" not in logs.lower(), "the chart's RBAC lacks a permission the operator used"
+
+
+def test_cluster_ip_answers_from_the_host(cluster: Cluster, release: str) -> None:
+    service = kubectl_json(cluster, "get", "service", f"{FULLNAME}-metrics", "-n", release)
+    ip, port = service["spec"]["clusterIP"], service["spec"]["ports"][0]["port"]
+    assert ip.startswith("10.96.")
+    wait_until(lambda: http_ok(f"http://{ip}:{port}/healthz") or None, f"{ip}:{port}/healthz", timeout=30)
+
+
+def test_missing_image_fails_at_once_from_the_local_registry(cluster: Cluster, namespace: str) -> None:
+    """Every registry is the local one: an image it lacks is ErrImagePull in seconds, never a lookup
+    elsewhere (no DNS, no packet off the machine: the guard table dropped nothing)."""
+    assert cluster.node is not None
+    drops_before = cluster.node.guard_drops()
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "missing-image", "namespace": namespace},
+        "spec": {
+            "nodeSelector": {realnode.NODE_LABEL: "true"},
+            "tolerations": [{"key": realnode.NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [{"name": "c", "image": "docker.io/library/no-such-image:1"}],
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    began = time.monotonic()
+
+    def pull_failed() -> str | None:
+        obj = kubectl_json(cluster, "get", "pod", "missing-image", "-n", namespace)
+        for status in obj.get("status", {}).get("containerStatuses") or []:
+            reason = (status.get("state", {}).get("waiting") or {}).get("reason")
+            if reason in ("ErrImagePull", "ImagePullBackOff"):
+                return str(reason)
+        return None
+
+    wait_until(pull_failed, "missing-image to fail its pull", timeout=60)
+    assert time.monotonic() - began < 30
+    events = kubectl_json(cluster, "get", "events", "-n", namespace, "--field-selector=reason=Failed")
+    messages = " ".join(e.get("message", "") for e in events["items"])
+    # The local registry answered 404 (a lookup elsewhere would fail on DNS or time out instead).
+    assert "code = NotFound" in messages, messages
+    assert cluster.node.guard_drops() == drops_before
