@@ -2,7 +2,7 @@
 
 `cluster` (session): a private control plane in a temp dir, or the one at $PAGODA_KUBECONFIG.
 `namespace` (function): a fresh namespace, deleted afterwards.
-Re-export them from a conftest.py:  from e2e.fixtures import cluster, namespace  # noqa: F401
+Re-export them from a conftest.py:  from e2e.fixtures import cluster, namespace, real_node  # noqa: F401
 """
 
 from __future__ import annotations

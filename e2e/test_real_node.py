@@ -8,8 +8,12 @@ there from the node agent; see docs/local-cluster.md.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -20,7 +24,7 @@ from e2e import realnode, registry
 from e2e.chartenv import adopt_crd, condition, helm, kubectl_json
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
-from e2e.processes import http_ok, wait_until
+from e2e.processes import free_ports, http_ok, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -35,6 +39,9 @@ ON_REAL_NODE = [
     "--set=operator.tolerations[0].operator=Exists",
     "--set=operator.tolerations[0].effect=NoSchedule",
 ]
+RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0-cpu"  # runtime/Dockerfile.cpu, `make images`
+SERVICE = "tiny-real"
+READY_TIMEOUT = 420.0  # the first pull of the 7 GB runtime image, then the engine's start on two cores
 
 
 def _node(cluster: Cluster) -> dict[str, Any]:
@@ -63,6 +70,7 @@ def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         f"--namespace={namespace}",
         "--create-namespace",
         f"--set=operator.watchNamespace={namespace}",
+        f"--set=operator.runtimeImage={RUNTIME_IMAGE}",
         *ON_REAL_NODE,
         "--wait",
         "--timeout=180s",
@@ -181,3 +189,79 @@ def test_missing_image_fails_at_once_from_the_local_registry(cluster: Cluster, n
     # The local registry answered 404 (a lookup elsewhere would fail on DNS or time out instead).
     assert "code = NotFound" in messages, messages
     assert cluster.node.guard_drops() == drops_before
+
+
+def _on_real_node(sample: dict[str, Any]) -> dict[str, Any]:
+    sample["spec"]["scheduling"] = {
+        "nodeSelector": {realnode.NODE_LABEL: "true"},
+        "tolerations": [{"key": realnode.NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    return sample
+
+
+def _chat(url: str) -> tuple[int, dict[str, Any]]:
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, {}
+
+
+@pytest.fixture(scope="module")
+def served(cluster: Cluster, release: str) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml on the real node, from the CPU runtime image; returns its Ready pod."""
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(_on_real_node(tiny_sample(release, SERVICE))))
+
+    def ready() -> dict[str, Any] | None:
+        obj = kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", release)
+        return obj if condition(obj, "Ready").get("status") == "True" else None
+
+    wait_until(ready, f"InferenceService {SERVICE} on the real node to be Ready", timeout=READY_TIMEOUT)
+    selector = f"app.kubernetes.io/instance={SERVICE}"
+    (pod,) = kubectl_json(cluster, "get", "pods", "-n", release, "-l", selector)["items"]
+    return dict(pod)
+
+
+def test_runtime_image_serves_chat_through_its_service(
+    cluster: Cluster, release: str, served: dict[str, Any]
+) -> None:
+    """The runtime pod runs from the CPU image on the real node with the operator's securityContext, and a
+    chat request crosses its ClusterIP Service (kube-proxy) and `kubectl port-forward` (the kubelet's
+    streaming through containerd)."""
+    assert served["spec"]["nodeName"] == realnode.NODE_NAME
+    status = served["status"]["containerStatuses"][0]
+    assert status["image"] == RUNTIME_IMAGE and status["restartCount"] == 0
+    assert status["imageID"].endswith(registry.pushed(cluster.workdir)[RUNTIME_IMAGE])
+    service = kubectl_json(cluster, "get", "service", SERVICE, "-n", release)
+    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    code, answer = _chat(url)
+    assert code == 200 and answer["choices"][0]["message"]["content"] is not None, answer
+    with port_forward(cluster, release, f"service/{SERVICE}", service["spec"]["ports"][0]["port"]) as local:
+        code, answer = _chat(local)
+    assert code == 200 and answer["usage"]["completion_tokens"] > 0, answer
+    logs = cluster.kubectl("logs", "-n", release, served["metadata"]["name"]).stdout
+    assert logs.strip(), "kubectl logs gave nothing for the runtime"
+
+
+@contextlib.contextmanager
+def port_forward(cluster: Cluster, namespace: str, target: str, port: int) -> Iterator[str]:
+    """`kubectl port-forward` to `target` on a free local port; yields its http:// URL."""
+    (local,) = free_ports(1)
+    argv = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", namespace]
+    argv += ["port-forward", "--address=127.0.0.1", target, f"{local}:{port}"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{local}"
+        wait_until(
+            lambda: proc.poll() is None and http_ok(f"{url}/readyz") or None, "port-forward", timeout=30
+        )
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)

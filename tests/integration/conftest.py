@@ -13,7 +13,7 @@ from harness import REPO, OperatorProcess
 from kubernetes import client
 
 from e2e.cluster import Cluster
-from e2e.fixtures import cluster, cluster_api, namespace  # noqa: F401
+from e2e.fixtures import cluster, cluster_api, namespace, real_node  # noqa: F401
 from pagoda.operator.reconcile.kube import Kube
 
 CRD_FILE = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
