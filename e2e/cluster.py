@@ -311,7 +311,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     # A new cluster each time: etcd's data from the last one holds objects signed by the old keys.
     shutil.rmtree(workdir / "etcd", ignore_errors=True)
     began = time.monotonic()
-    cluster = start(workdir, detach=True, real_node=True)
+    cluster = start(workdir, detach=True, real_node=args.real_node)
     from e2e.stack import start_stack  # the add-ons build on this module
 
     try:
@@ -389,6 +389,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("up", "down"))
     parser.add_argument("--workdir", default=str(DEV_DIR / "cluster"), help="state, logs, data")
     parser.add_argument("--kubeconfig", default=str(DEV_DIR / "kubeconfig"), help="where `up` writes it")
+    parser.add_argument(
+        "--no-real-node",
+        dest="real_node",
+        action="store_false",
+        help="`up` without the real node and the registry (one real node per machine: e2e/realnode.py)",
+    )
     args = parser.parse_args(argv)
     try:
         return _cmd_up(args) if args.command == "up" else _cmd_down(args)

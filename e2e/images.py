@@ -596,20 +596,6 @@ def write_index(name: str, entry: dict[str, object]) -> None:
     part.rename(INDEX)
 
 
-def push(registry: str, names: list[str]) -> None:
-    """Pushes each built image but the stand-in base (or those named) to `registry` over plain HTTP under
-    every reference, keeping the path and dropping the registry host:
-    ghcr.io/pagoda-dev/pagoda-operator:0.1.0 -> REGISTRY/pagoda-dev/pagoda-operator:0.1.0."""
-    for image in json.loads(INDEX.read_text())["images"]:
-        if (names and image["name"] not in names) or (not names and image["stand_in"]):
-            continue
-        for reference in image["references"]:
-            host, _, path = reference.partition("/")
-            if not ("." in host or ":" in host or host == "localhost"):
-                path = reference
-            buildah("push", "--quiet", "--tls-verify=false", image["id"], f"docker://{registry}/{path}")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -622,7 +608,11 @@ def main() -> None:
     if ns.what[:1] == ["push"]:
         if len(ns.what) < 2:
             raise SystemExit("usage: python -m e2e.images push HOST:PORT [IMAGE ...]")
-        push(ns.what[1], ns.what[2:])
+        from e2e.registry import push_images  # it reads the index this module writes
+
+        pushed = push_images(ns.what[1], tuple(ns.what[2:]) or None)
+        for reference, image_digest in pushed.items():
+            log(f"pushed {reference} ({image_digest})")
         return
     names = [name for what in ns.what for name in (DEFAULT if what == "all" else [what])]
     unknown = [name for name in names if name not in IMAGES]

@@ -110,7 +110,9 @@ def sweep(agent_id: str | None = None) -> list[str]:
             if owner == agent_id or not owner_alive(owner):
                 ip("link", "delete", name, check=False)
                 removed.append(f"link {name}")
-    if not any(str(link.get("ifname", "")).startswith("pgbr") for link in _links()):
+    # The pod range stays unreachable while any harness bridge lives: a node agent's or a real node's (`pgk`,
+    # e2e/realnode.py).
+    if not any(str(link.get("ifname", "")).startswith(("pgbr", "pgk")) for link in _links()):
         ip("route", "delete", "unreachable", str(POD_RANGE), check=False)
     return removed
 

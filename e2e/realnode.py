@@ -32,6 +32,7 @@ import contextlib
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -327,20 +328,6 @@ def _cni_config(net: NodeNetwork, paths: NodePaths) -> dict[str, Any]:
     }
 
 
-def _kubeconfig(path: Path, server: str, pki: _pki.Pki, cert: Path, key: Path, user: str) -> None:
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [
-            {"name": "local", "cluster": {"server": server, "certificate-authority": str(pki.ca_cert)}}
-        ],
-        "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
-        "contexts": [{"name": "local", "context": {"cluster": "local", "user": user}}],
-        "current-context": "local",
-    }
-    path.write_text(yaml.safe_dump(config))
-
-
 def _kubelet_config(
     net: NodeNetwork, paths: NodePaths, pki: _pki.Pki, port: int, healthz: int
 ) -> dict[str, Any]:
@@ -445,21 +432,21 @@ class RealNode:
             server_ips=(network.address,),
         )
         _pki.issue_leaf(pki, root / "kube-proxy.crt", root / "kube-proxy.key", "system:kube-proxy")
-        _kubeconfig(
+        _procs.write_kubeconfig(
             root / "kubelet.kubeconfig",
             server,
             pki,
-            root / "kubelet-client.crt",
-            root / "kubelet-client.key",
-            f"system:node:{NODE_NAME}",
+            user=f"system:node:{NODE_NAME}",
+            cert=root / "kubelet-client.crt",
+            key=root / "kubelet-client.key",
         )
-        _kubeconfig(
+        _procs.write_kubeconfig(
             root / "kube-proxy.kubeconfig",
             server,
             pki,
-            root / "kube-proxy.crt",
-            root / "kube-proxy.key",
-            "system:kube-proxy",
+            user="system:kube-proxy",
+            cert=root / "kube-proxy.crt",
+            key=root / "kube-proxy.key",
         )
         kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics = free_ports(4)
         (root / "kubelet.yaml").write_text(
@@ -581,6 +568,10 @@ def teardown(net: NodeNetwork, bin_dir: Path | None = None) -> None:
             run("nft", "delete", "table", family, "kube-proxy", check=False)
     for result in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*"):
         result.unlink(missing_ok=True)  # containerd's CNI library caches results here whatever its config
+    # containerd's content store and unpacked layers: about 10 GB once the runtime image was pulled, and
+    # nothing a later cluster reuses (the registry keeps the images); logs and configuration stay.
+    shutil.rmtree(paths.root / "containerd" / "root", ignore_errors=True)
+    shutil.rmtree(paths.containerd_state, ignore_errors=True)
     net.down()
 
 

@@ -14,9 +14,12 @@ containerd asks for when its catch-all mirror sends ghcr.io to this registry.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tempfile
 import urllib.error
 import urllib.request
@@ -89,7 +92,7 @@ def images() -> list[dict[str, object]]:
     return list(json.loads(IMAGES_INDEX.read_text())["images"])
 
 
-def _manifest_digest(registry: str, repository: str) -> str | None:
+def manifest_digest(registry: str, repository: str) -> str | None:
     """The digest the registry serves for `repository` (`path:tag`), or None when it has none."""
     path, _, tag = repository.rpartition(":")
     request = urllib.request.Request(f"http://{registry}/v2/{path}/manifests/{tag}", method="HEAD")
@@ -102,7 +105,8 @@ def _manifest_digest(registry: str, repository: str) -> str | None:
 
 
 def push_images(registry: str, names: tuple[str, ...] | None = None) -> dict[str, str]:
-    """Pushes each built image (or those named) under every tag it has; returns reference -> digest.
+    """Pushes each built image but the stand-in base (or those named) under every tag it has, keeping the
+    path and dropping the registry host (`repository_of`); returns reference -> digest.
     An image the registry already serves under that tag with the digest recorded when this image id was
     pushed is not pushed again (buildah would read and hash every layer to find that out: 80 s for the
     runtime image)."""
@@ -110,13 +114,13 @@ def push_images(registry: str, names: tuple[str, ...] | None = None) -> dict[str
     record: dict[str, str] = json.loads(record_file.read_text()) if record_file.is_file() else {}
     pushed = {}
     for image in images():
-        if names is not None and image["name"] not in names:
+        if (names is not None and image["name"] not in names) or (names is None and image.get("stand_in")):
             continue
         for reference in image["references"]:  # type: ignore[attr-defined]
             repository = repository_of(str(reference))
             key = f"{repository}@{image['id']}"
             digest = record.get(key)
-            if digest is None or _manifest_digest(registry, repository) != digest:
+            if digest is None or manifest_digest(registry, repository) != digest:
                 digest = _push(image, str(reference), f"{registry}/{repository}")
                 record[key] = digest
                 record_file.write_text(json.dumps(record, indent=2) + "\n")
@@ -124,7 +128,7 @@ def push_images(registry: str, names: tuple[str, ...] | None = None) -> dict[str
     return pushed
 
 
-def _push(image: dict[str, object], reference: str, target: str) -> str:
+def _push(image: dict[str, object], reference: str, target: str, tls: bool = False) -> str:
     with tempfile.NamedTemporaryFile() as digest_file:
         _run(
             [
@@ -132,7 +136,7 @@ def _push(image: dict[str, object], reference: str, target: str) -> str:
                 f"--root={image.get('buildah_root', BUILDAH_ROOT / 'root')}",
                 f"--runroot={image.get('buildah_runroot', BUILDAH_ROOT / 'runroot')}",
                 "push",
-                "--tls-verify=false",
+                f"--tls-verify={str(tls).lower()}",
                 f"--digestfile={digest_file.name}",
                 str(image["id"]),
                 f"docker://{target}",
@@ -152,17 +156,74 @@ def pushed(workdir: Path) -> dict[str, str]:
     return found
 
 
-def push_chart(registry: str, helm: Path, workdir: Path) -> str:
-    """Packages charts/pagoda and pushes it; returns the chart's oci:// reference (without version)."""
+def push_chart(registry: str, helm: Path, workdir: Path, plain_http: bool = True) -> str:
+    """Packages charts/pagoda and pushes it to `registry` (host[:port][/path]); returns the chart's oci://
+    reference (without version)."""
     out = workdir / "chart"
-    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
     _run([str(helm), "package", str(CHART_DIR), "--destination", str(out)], "helm package")
     (package,) = out.glob("pagoda-*.tgz")
-    _run(
-        [str(helm), "push", str(package), f"oci://{registry}/{CHART_REPOSITORY}", "--plain-http"],
-        f"helm push {package.name}",
-    )
+    argv = [str(helm), "push", str(package), f"oci://{registry}/{CHART_REPOSITORY}"]
+    _run(argv + (["--plain-http"] if plain_http else []), f"helm push {package.name}")
     return f"oci://{registry}/{CHART_REPOSITORY}/pagoda"
+
+
+# What a release publishes: the operator and the CPU runtime, as `make images` built them. The GPU runtime
+# (runtime/Dockerfile, FROM vllm/vllm-openai) is built where that base can be pulled (docs/install.md).
+RELEASED_IMAGES = ("operator", "runtime-cpu")
+
+
+def release(prefix: str, version: str, helm: Path, workdir: Path, plain_http: bool = False) -> dict[str, str]:
+    """Pushes the released images as PREFIX/<name>:<tag> and the chart as oci://PREFIX/charts/pagoda, where
+    the chart's version and appVersion must equal `version` (its default image tag is the appVersion, so
+    the chart installs what this release pushed). Returns target -> digest."""
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    for key in ("version", "appVersion"):
+        if str(chart[key]) != version:
+            raise RegistryError(
+                f"VERSION={version} but charts/pagoda/Chart.yaml has {key}: {chart[key]}; set both to the "
+                "release's version first (the chart's default image tag is its appVersion)."
+            )
+    missing = set(RELEASED_IMAGES) - {str(i["name"]) for i in images()}
+    if missing:
+        raise RegistryError(f"Not built: {sorted(missing)}; run `make images`.")
+    published = {}
+    for image in images():
+        if image["name"] not in RELEASED_IMAGES:
+            continue
+        reference = str(image["references"][0])  # type: ignore[index]
+        name_and_tag = reference.rsplit("/", 1)[1]  # pagoda-operator:0.1.0
+        if not name_and_tag.split(":", 1)[1].startswith(version):
+            raise RegistryError(f"{reference} was built for another version: run `make images` again.")
+        target = f"{prefix}/{name_and_tag}"
+        published[target] = _push(image, reference, target, tls=not plain_http)
+    published[push_chart(prefix, helm, workdir, plain_http)] = version
+    return published
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.registry", description="Publishes a release.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    rel = sub.add_parser("release", help="push the images and the chart (make release)")
+    rel.add_argument("--registry", required=True, help="host[:port]/path the images and chart go under")
+    rel.add_argument("--version", required=True, help="the chart's version and appVersion")
+    rel.add_argument("--plain-http", action="store_true", help="a registry without TLS (a local one)")
+    args = parser.parse_args(argv)
+    helm = Path(os.environ.get("PAGODA_BIN", _procs.REPO_ROOT / ".pagoda-dev" / "bin")) / "helm"
+    try:
+        with tempfile.TemporaryDirectory() as workdir:
+            published = release(args.registry, args.version, helm, Path(workdir), args.plain_http)
+    except RegistryError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for target, digest in published.items():
+        print(f"Pushed {target} {digest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
 
 
 def chart_version() -> str:

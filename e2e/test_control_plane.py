@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import podnet
+from e2e import podnet, realnode
 from e2e._objects import GPU_PRODUCT_LABEL, GPU_RESOURCE, request
 from e2e._procs import all_alive
 from e2e.cluster import (
@@ -48,7 +48,10 @@ def test_cluster_serves_with_fake_gpu_nodes_and_the_real_node(cluster: Cluster) 
         n["metadata"]["name"]: n
         for n in json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     }
-    assert sorted(nodes) == sorted([*GPU_NODES, REAL_NODE])
+    assert sorted(nodes) == sorted([*GPU_NODES, REAL_NODE, realnode.NODE_NAME])
+    kubelet_node = nodes.pop(realnode.NODE_NAME)  # e2e/test_real_node.py checks it further
+    assert [c["status"] for c in kubelet_node["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
+    assert kubelet_node["spec"]["taints"] == [realnode.NODE_TAINT]
     real = nodes.pop(REAL_NODE)
     assert real["status"]["allocatable"][GPU_RESOURCE] == "4"
     assert [c["status"] for c in real["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
@@ -235,7 +238,8 @@ def test_missing_binaries_fail_naming_make_tools(tmp_path: Path) -> None:
 def test_cli_up_and_down_manage_exactly_their_processes(cluster: Cluster, tmp_path: Path) -> None:
     workdir, kubeconfig = tmp_path / "cluster", tmp_path / "kubeconfig"
     cli = [sys.executable, "-m", "e2e.cluster"]
-    flags = [f"--workdir={workdir}", f"--kubeconfig={kubeconfig}"]
+    # Without a real node: one per machine, and the session's cluster has it.
+    flags = [f"--workdir={workdir}", f"--kubeconfig={kubeconfig}", "--no-real-node"]
     env = {**os.environ, "PAGODA_BIN": str(cluster.bin_dir)}
     up = subprocess.run(
         [*cli, "up", *flags], capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=180

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e import realnode, registry
 from e2e.chartenv import adopt_crd, condition, helm, kubectl_json
@@ -265,3 +266,44 @@ def port_forward(cluster: Cluster, namespace: str, target: str, port: int) -> It
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_make_release_publishes_what_the_chart_installs(cluster: Cluster) -> None:
+    """`make release` to a registry (here the local one, under a path of its own): the images under
+    PREFIX/<name>:<version> with the digests `make images` built, and a chart whose default operator image is
+    the released tag."""
+    version = registry.chart_version()
+    prefix = f"{cluster.urls['registry']}/release-{uuid.uuid4().hex[:6]}"
+    make = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "release",
+            f"REGISTRY={prefix}",
+            f"VERSION={version}",
+            "PLAIN_HTTP=1",
+        ],
+        cwd=registry.CHART_DIR.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert make.returncode == 0, make.stdout + make.stderr
+    host, _, path = prefix.partition("/")
+    built = {str(i["name"]): str(i["references"][0]) for i in registry.images()}
+    for name in registry.RELEASED_IMAGES:
+        tag = built[name].rsplit("/", 1)[1]
+        assert registry.manifest_digest(host, f"{path}/{tag}") is not None, f"{prefix}/{tag} was not pushed"
+    shown = helm(
+        cluster, "show", "chart", f"oci://{prefix}/charts/pagoda", f"--version={version}", "--plain-http"
+    )
+    chart = yaml.safe_load(shown.stdout)
+    assert chart["version"] == version and chart["appVersion"] == version
+    refused = subprocess.run(
+        ["make", "--no-print-directory", "release", f"REGISTRY={prefix}", "VERSION=9.9.9", "PLAIN_HTTP=1"],
+        cwd=registry.CHART_DIR.parents[1],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert refused.returncode != 0 and "Chart.yaml has version: " in refused.stderr, refused.stderr

@@ -7,7 +7,8 @@
 # model-source test (minio/go.mod), KEDA's operator and metrics adapter (keda/go.mod), kube-state-metrics
 # (kube-state-metrics/go.mod) and the Gateway API Inference Extension's endpoint picker (gie/go.mod), Argo CD's
 # application controller and repo server (argocd/go.mod: one small main, built with the Go toolchain its go.mod
-# names), the e2e add-ons, and dashboard-lint (dashboard-lint/go.mod: checks the chart's Grafana dashboards
+# names), the e2e add-ons, actionlint (actionlint/go.mod: `make lint` checks .github/workflows with it), and
+# dashboard-lint (dashboard-lint/go.mod: checks the chart's Grafana dashboards
 # against Grafana's schema, for the unit tests).
 # Copies the third-party CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the
 # InferencePool's from the version in gie/go.mod, Argo CD's Application and AppProject from argocd/go.mod, the Prometheus Operator's pinned below).
@@ -16,7 +17,7 @@
 #
 # OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd,
 # kwok, helm, containerd, containerd-shim-runc-v2, ctr, cni/{bridge,host-local,loopback}, registry, minio,
-# keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), dashboard-lint and
+# keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), dashboard-lint, actionlint and
 # crds/*.yaml; all static (CGO_ENABLED=0). Idempotent:
 # OUTDIR/.build-stamp holds a hash of every module's go.mod and go.sum and this script; when it matches and
 # every output exists, nothing is done. Go's module and build caches make a rebuild after a version change incremental.
@@ -36,7 +37,7 @@ PROMOP_VERSION=v0.85.0
 CNI_PLUGINS=(bridge host-local loopback)
 BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok helm
     containerd containerd-shim-runc-v2 ctr "${CNI_PLUGINS[@]/#/cni/}" registry minio
-    keda-operator keda-adapter kube-state-metrics epp argocd git-verify-wrapper.sh dashboard-lint)
+    keda-operator keda-adapter kube-state-metrics epp argocd git-verify-wrapper.sh dashboard-lint actionlint)
 # All six of KEDA's CRDs (its operator watches every kind), then the Prometheus Operator's two.
 KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml
     keda.sh_clustertriggerauthentications.yaml eventing.keda.sh_cloudeventsources.yaml
@@ -66,7 +67,7 @@ stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/containerd/go
     "$here/minio/go.mod" "$here/minio/go.sum" \
     "$here/keda/go.mod" "$here/keda/go.sum" "$here/kube-state-metrics/go.mod" "$here/kube-state-metrics/go.sum" \
     "$here/gie/go.mod" "$here/gie/go.sum" "$here/argocd/go.mod" "$here/argocd/go.sum" "$here/argocd/main.go" \
-    "$here/dashboard-lint/go.mod" "$here/dashboard-lint/go.sum" |
+    "$here/dashboard-lint/go.mod" "$here/dashboard-lint/go.sum" "$here/actionlint/go.mod" "$here/actionlint/go.sum" |
     sha1sum | cut -c1-16)"
 current=1
 [[ "$(cat "$out/.build-stamp" 2>/dev/null)" == "$stamp" ]] || current=0
@@ -170,6 +171,14 @@ copy_argocd_scripts() {
     install -m 0755 "$(argocd_go list -m -f '{{.Dir}}' "$ARGOCD_MODULE")/hack/git-verify-wrapper.sh" "$out/"
 }
 
+build_actionlint() {
+    local version
+    version="$(go -C "$here/actionlint" list -m -f '{{.Version}}' github.com/rhysd/actionlint)"
+    (cd "$here/actionlint" && go build "${build_flags[@]}" \
+        -ldflags="-s -w -X github.com/rhysd/actionlint.version=$version" -o "$out/actionlint" \
+        github.com/rhysd/actionlint/cmd/actionlint)
+}
+
 build_dashboard_lint() {
     (cd "$here/dashboard-lint" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/dashboard-lint" .)
 }
@@ -210,6 +219,7 @@ step "download modules" go mod download
 step "download modules (containerd/)" go -C containerd mod download
 step "download modules (cni/)" go -C cni mod download
 step "download modules (registry/)" go -C registry mod download
+step "download modules (actionlint/)" go -C actionlint mod download
 step "download modules (keda/)" go -C keda mod download
 step "download modules (kube-state-metrics/)" go -C kube-state-metrics mod download
 step "download modules (gie/)" go -C gie mod download
@@ -235,6 +245,7 @@ step "build epp ($GIE_MODULE $gie_version, module gie/)" build_epp
 step "build argocd: application-controller, repo-server ($ARGOCD_MODULE $argocd_version, module argocd/)" build_argocd
 step "copy Argo CD's git-verify-wrapper.sh" copy_argocd_scripts
 step "build dashboard-lint (github.com/grafana/grafana-foundation-sdk/go, module dashboard-lint/)" build_dashboard_lint
+step "build actionlint (github.com/rhysd/actionlint, module actionlint/)" build_actionlint
 step "copy kwok's default stages" copy_kwok_stages
 step "copy CRDs (KEDA $keda_version, GIE $gie_version, Argo CD $argocd_version, Prometheus Operator $PROMOP_VERSION)" copy_crds
 
