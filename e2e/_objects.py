@@ -100,7 +100,12 @@ def wait_nodes_ready(
 
         def ready(name: str = name) -> bool:
             status, node = request(api, "GET", f"/api/v1/nodes/{name}")
-            return status == 200 and _condition(node, "Ready") == "True"
+            if status != 200 or _condition(node, "Ready") != "True":
+                return False
+            # The node lifecycle controller removes the not-ready taint some seconds after Ready; until
+            # then the scheduler keeps pods off the node.
+            taints = node.get("spec", {}).get("taints") or []
+            return not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
 
         wait_until(launcher, f"node {name} to be Ready ({log_of})", ready, deadline, log_of=log_of)
 

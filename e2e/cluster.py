@@ -197,7 +197,9 @@ def start_registry(cluster: Cluster, launcher: _procs.Launcher, timeout: float =
     """Runs the local registry (e2e/registry.py) and pushes `make images`' images and the chart; returns
     host:port."""
     (port,) = free_ports(1)
-    cluster.pids["registry"] = launcher.launch("registry", registry.args(cluster.workdir, port))
+    # Its OpenTelemetry exporter is on by default and would post traces to localhost:4318 every few seconds.
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
+    cluster.pids["registry"] = launcher.launch("registry", registry.args(cluster.workdir, port), env=env)
     cluster.save_state()
     address = f"127.0.0.1:{port}"
     _procs.wait_until(

@@ -241,6 +241,8 @@ def test_runtime_image_serves_chat_through_its_service(
     assert status["imageID"].endswith(registry.pushed(cluster.workdir)[RUNTIME_IMAGE])
     service = kubectl_json(cluster, "get", "service", SERVICE, "-n", release)
     url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+    # The pod is Ready; kube-proxy programs its endpoint a moment later (until then the ClusterIP refuses).
+    wait_until(lambda: http_ok(f"{url}/readyz") or None, f"{url}/readyz through kube-proxy", timeout=30)
     code, answer = _chat(url)
     assert code == 200 and answer["choices"][0]["message"]["content"] is not None, answer
     with port_forward(cluster, release, f"service/{SERVICE}", service["spec"]["ports"][0]["port"]) as local:
