@@ -53,7 +53,7 @@ def bridge_name(agent_id: str) -> str:
     return f"pgbr{agent_id}"
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -65,7 +65,7 @@ def _alive(pid: int) -> bool:
 
 def owner_alive(agent_id: str) -> bool:
     try:
-        return _alive(int((RUN_DIR / f"{agent_id}.pid").read_text()))
+        return alive(int((RUN_DIR / f"{agent_id}.pid").read_text()))
     except (OSError, ValueError):
         return False
 
@@ -110,10 +110,7 @@ def sweep(agent_id: str | None = None) -> list[str]:
             if owner == agent_id or not owner_alive(owner):
                 ip("link", "delete", name, check=False)
                 removed.append(f"link {name}")
-    # The pod range stays unreachable while any harness bridge lives: a node agent's or a real node's (`pgk`,
-    # e2e/realnode.py).
-    if not any(str(link.get("ifname", "")).startswith(("pgbr", "pgk")) for link in _links()):
-        ip("route", "delete", "unreachable", str(POD_RANGE), check=False)
+    release_pod_range()
     return removed
 
 
@@ -124,6 +121,19 @@ def _used_subnets() -> set[ipaddress.IPv4Network]:
             if addr.get("family") == "inet":
                 used.add(ipaddress.ip_interface(f"{addr['local']}/{addr['prefixlen']}").network)
     return used
+
+
+def free_subnet() -> ipaddress.IPv4Network:
+    """A /24 of REAL_SUBNETS that no address on this host overlaps: a new bridge's subnet."""
+    used = _used_subnets()
+    return next(s for s in REAL_SUBNETS.subnets(new_prefix=24) if not any(s.overlaps(u) for u in used))
+
+
+def release_pod_range() -> None:
+    """Drops the pod range's `unreachable` route once no harness bridge is left: it stays while a node
+    agent's (`pgbr`) or a real node's (`pgk`, e2e/realnode.py) bridge lives."""
+    if not any(str(link.get("ifname", "")).startswith(("pgbr", "pgk")) for link in _links()):
+        ip("route", "delete", "unreachable", str(POD_RANGE), check=False)
 
 
 def setns_net(netns: str) -> None:
@@ -149,10 +159,7 @@ class PodNetwork:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         (RUN_DIR / f"{self.agent_id}.pid").write_text(str(os.getpid()))
         sweep(self.agent_id)
-        used = _used_subnets()
-        self.subnet = next(
-            s for s in REAL_SUBNETS.subnets(new_prefix=24) if not any(s.overlaps(u) for u in used)
-        )
+        self.subnet = free_subnet()
         bridge = bridge_name(self.agent_id)
         ip("link", "add", bridge, "type", "bridge")
         ip("addr", "add", f"{self.gateway}/24", "dev", bridge)

@@ -78,16 +78,6 @@ def run(*argv: str, check: bool = True, input: str | None = None) -> subprocess.
     return proc
 
 
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _cgroup_controllers() -> list[Path]:
     """The cgroup v1 hierarchies (one folder per mounted controller set) or the v2 root."""
     root = Path("/sys/fs/cgroup")
@@ -139,11 +129,7 @@ class NodeNetwork:
                 f"{other.owner_pid}); one at a time (kube-proxy's nftables table has a fixed name). Stop it "
                 "first (`make cluster-down` for the one of `make cluster-up`)."
             )
-        used = podnet._used_subnets()
-        subnet = next(
-            s for s in podnet.REAL_SUBNETS.subnets(new_prefix=24) if not any(s.overlaps(u) for u in used)
-        )
-        net = cls(uuid.uuid4().hex[:6], str(subnet), str(workdir), os.getpid())
+        net = cls(uuid.uuid4().hex[:6], str(podnet.free_subnet()), str(workdir), os.getpid())
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         net.save()
         try:
@@ -207,8 +193,7 @@ class NodeNetwork:
         run("ip", "route", "delete", SERVICE_RANGE, "dev", self.sink, check=False)
         for link in (self.sink, self.bridge):
             run("ip", "link", "delete", link, check=False)
-        if not any(str(link.get("ifname", "")).startswith(("pgbr", LINK_PREFIX)) for link in podnet._links()):
-            run("ip", "route", "delete", "unreachable", POD_RANGE, check=False)
+        podnet.release_pod_range()
         for proto_range in ("-s", "-d"):
             for cidr in (POD_RANGE, SERVICE_RANGE):
                 run("conntrack", "-D", proto_range, cidr, check=False)
@@ -229,7 +214,7 @@ def sweep() -> list[str]:
     """Tears down every node whose owner is gone (a harness that was killed); returns their workdirs."""
     removed = []
     for net in _records():
-        if not _alive(net.owner_pid):
+        if not podnet.alive(net.owner_pid):
             teardown(net)
             removed.append(net.workdir)
     return removed
@@ -258,7 +243,7 @@ class NodePaths:
         return self.root / "kubelet"
 
 
-def _containerd_config(paths: NodePaths, bin_dir: Path, registry: str) -> str:
+def _containerd_config(paths: NodePaths, bin_dir: Path) -> str:
     state = paths.root / "containerd"
     return f"""# containerd for the local real node (e2e/realnode.py).
 version = 3
@@ -410,7 +395,7 @@ class RealNode:
         paths = NodePaths.under(workdir)
         for sub in ("containerd/certs.d/_default", "cni", "cni-ipam", "kubelet", "pod-logs"):
             (paths.root / sub).mkdir(parents=True, exist_ok=True)
-        (paths.root / "containerd.toml").write_text(_containerd_config(paths, bin_dir, registry))
+        (paths.root / "containerd.toml").write_text(_containerd_config(paths, bin_dir))
         (paths.root / "containerd/certs.d/_default/hosts.toml").write_text(_registry_hosts(registry))
         (paths.root / "cni" / f"10-{CNI_NETWORK}.conflist").write_text(
             json.dumps(_cni_config(network, paths), indent=2) + "\n"
