@@ -3,10 +3,11 @@ three real replicas of the tiny model whose KV caches each hold about a third of
 
     make bench-routing    (or: .venv/bin/python benchmarks/bench_routing.py [--rounds 2] [--rate R])
 
-1. A private local cluster with the node agent (real pods at real pod IPs), the operator, GIE v1.5.0's
-   InferencePool CRD; one InferenceService `bench` with spec.routing and 3 replicas. Each replica's KV cache
-   is cut to a fixed number of blocks (vLLM's --num-gpu-blocks-override) sized so that it holds about a
-   third of the distinct system prompts, with room left for the requests it runs.
+1. A private local cluster with the real node (kubelet + containerd: pods from the CPU runtime image at
+   real pod IPs), the operator, GIE v1.5.0's InferencePool CRD; one InferenceService `bench` with
+   spec.routing and 3 replicas. Each replica's KV cache is cut to a fixed number of blocks (vLLM's
+   --num-gpu-blocks-override) sized so that it holds about a third of the distinct system prompts, with room
+   left for the requests it runs.
 2. The workload: many users, each reusing one of N long system prompts picked uniformly (N large enough that
    one replica cannot cache them all), a short question each, 8 generated tokens. The same sequence of
    (prompt, question) is sent (a) through Envoy and the real picker, (b) round-robin over the same three
@@ -26,6 +27,7 @@ Prints a markdown table and writes the raw numbers to .pagoda-dev/bench-routing.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -46,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from e2e import _objects  # noqa: E402
 from e2e.addons import install_gateway_crds  # noqa: E402
-from e2e.cluster import Cluster, start_private, tiny_model  # noqa: E402
+from e2e.cluster import Cluster, start_private  # noqa: E402
 from e2e.fixtures import tiny_sample  # noqa: E402
 from e2e.gateway import start_gateway  # noqa: E402
 from e2e.realpods import ready_pods, wait_condition  # noqa: E402
@@ -94,6 +96,14 @@ class Workload:
         ]
 
 
+@functools.cache
+def tiny_model() -> Path:
+    """The tiny model as the CPU runtime image has it (`make-tiny-model` is deterministic): its tokenizer."""
+    from pagoda.runtime.tinymodel import make_tiny_model
+
+    return make_tiny_model(Path(tempfile.mkdtemp(prefix="bench-routing-model-")) / "tiny")
+
+
 def prompt_tokens(text: str) -> int:
     from transformers import AutoTokenizer  # the tiny model's own tokenizer, local
 
@@ -124,7 +134,9 @@ def bench_sample(blocks: int, max_model_len: int) -> dict[str, Any]:
         }
     )
     spec["runtime"]["startupTimeoutSeconds"] = 900
-    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600}}
+    # The real node has two cores to share: small CPU requests (the engines still use idle cores).
+    spec["resources"]["cpu"] = "250m"
+    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600, "cpu": "250m"}}
     return sample
 
 
@@ -320,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
 
-    cluster: Cluster = start_private()
+    cluster: Cluster = start_private(real_node=True)
     operator = gateway = None
     try:
         operator = run_operator(cluster, Path(tempfile.mkdtemp(prefix="bench-routing-")) / "operator.log")

@@ -44,8 +44,17 @@ def create_crds(api: Any, crd_dir: Path, names: Iterable[str]) -> list[str]:
     return created
 
 
-def fake_gpu_node(name: str, product: str, ip: str) -> dict[str, Any]:
-    """A Node that kwok manages: 8 GPUs, 64 CPUs, 512Gi memory, 110 pods."""
+# kwok's own convention for its nodes. The harness taints them when a real node runs, so that a plain pod
+# lands on the real node and only pods that ask for simulation (KWOK_SCHEDULING) come here.
+KWOK_TAINT = {"key": "kwok.x-k8s.io/node", "value": "fake", "effect": "NoSchedule"}
+KWOK_SCHEDULING = {
+    "nodeSelector": {"type": "kwok"},
+    "tolerations": [{"key": KWOK_TAINT["key"], "operator": "Exists", "effect": KWOK_TAINT["effect"]}],
+}
+
+
+def fake_gpu_node(name: str, product: str, ip: str, *, tainted: bool = False) -> dict[str, Any]:
+    """A Node that kwok manages: 8 GPUs, 64 CPUs, 512Gi memory, 110 pods; KWOK_TAINT when `tainted`."""
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110", GPU_RESOURCE: "8", "ephemeral-storage": "1Ti"}
     key, value = FAKE_NODE_ANNOTATION.split("=")
     return {
@@ -63,7 +72,7 @@ def fake_gpu_node(name: str, product: str, ip: str) -> dict[str, Any]:
                 "nvidia.com/gpu.count": "8",
             },
         },
-        "spec": {},
+        "spec": {"taints": [KWOK_TAINT]} if tainted else {},
         "status": {
             "capacity": resources,
             "allocatable": resources,
@@ -72,8 +81,8 @@ def fake_gpu_node(name: str, product: str, ip: str) -> dict[str, Any]:
     }
 
 
-def create_fake_gpu_node(api: Any, name: str, product: str, ip: str) -> None:
-    _create(api, "/api/v1/nodes", fake_gpu_node(name, product, ip))
+def create_fake_gpu_node(api: Any, name: str, product: str, ip: str, *, tainted: bool = False) -> None:
+    _create(api, "/api/v1/nodes", fake_gpu_node(name, product, ip, tainted=tainted))
 
 
 def _condition(obj: dict[str, Any], kind: str) -> str | None:

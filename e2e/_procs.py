@@ -22,10 +22,8 @@ STOP_GRACE = 10.0
 SERVICE_CIDR = "10.96.0.0/16"
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
 REPO_ROOT = Path(__file__).resolve().parents[1]
-NODE_AGENT = "node-agent"
 # Components that are harness code run by this Python (`python -m MODULE`), not Go binaries in bin_dir.
 PYTHON_COMPONENTS = {
-    NODE_AGENT: "e2e.nodeagent",
     "monitoring": "e2e.monitoring",
     "pagoda-operator": "pagoda.operator.main",  # `make cluster-up` runs the operator too
 }

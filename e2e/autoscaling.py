@@ -1,6 +1,8 @@
 """The autoscaling scenario on the real stack, shared by the e2e test and `make autoscaling-timeline`:
-a tiny-model InferenceService (min 1, max 3) whose pods really run, a bounded load spread over the Ready
-endpoints of its EndpointSlices, and a timeline sampled every second from the real components:
+a tiny-model InferenceService (min 1, max 3) whose pods run on the real node, a bounded load through its
+Service's ClusterIP (kube-proxy) from clients that keep their connections alive and never retry (the runtime
+closes a connection after --max-connection-age, so clients reach new replicas), and a timeline sampled every
+second from the real components:
 
 - signal: the ScaledObject trigger's own PromQL, evaluated by Prometheus (the runtime pods' series, found
   through the operator's ServiceMonitor);
@@ -29,7 +31,7 @@ from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
 from e2e.observability import Load, PrometheusAt
 from e2e.processes import wait_until
-from e2e.realpods import ServiceEndpoints, wait_condition
+from e2e.realpods import finished, ready_pods, service_url, wait_condition
 from pagoda.operator.resources.scaledobject import queue_depth_query
 
 NAME = "tiny"
@@ -217,9 +219,9 @@ def run_scenario(
     load and waits until it is back to its minimum. Returns the timeline and the load (its records)."""
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(autoscaled_sample(namespace, prometheus_url)))
     wait_condition(cluster, namespace, NAME, "Ready")
-    endpoints = ServiceEndpoints(cluster, namespace, NAME)
-    load = Load(endpoints.pick, NAME, clients=CLIENTS, max_tokens=32, max_seconds=900)
-    tail = Load(endpoints.pick, NAME, clients=TAIL_CLIENTS, max_tokens=32, max_seconds=900)
+    url = service_url(cluster, namespace, NAME)
+    load = Load(url, NAME, clients=CLIENTS, max_tokens=32, max_seconds=900)
+    tail = Load(url, NAME, clients=TAIL_CLIENTS, max_tokens=32, max_seconds=900)
     t0 = time.monotonic()
     sampler = Sampler(cluster, namespace, prometheus_url, load, t0)
     timeline = Timeline()
@@ -237,6 +239,15 @@ def run_scenario(
         timeline.marks["second_ready"] = time.monotonic() - t0
         wait_until(lambda: ready_at_least(MAX_REPLICAS), "all replicas Ready", timeout=600, interval=0.5)
         timeline.marks["max_ready"] = time.monotonic() - t0
+        # Clients move to the new replicas as their connections age out (kube-proxy picks an endpoint per
+        # connection): wait until each Ready replica has finished requests of the load.
+        wait_until(
+            lambda: all(finished(p["status"]["podIP"]) > 0 for p in ready_pods(cluster, namespace, NAME)),
+            "the load to reach every Ready replica",
+            timeout=180,
+            interval=1,
+        )
+        timeline.marks["spread"] = time.monotonic() - t0
         time.sleep(load_seconds_after_max)
         # The peak ends; a light load (below one replica's target) goes on while replicas are removed,
         # so that the scale-in itself is shown to lose nothing.
@@ -258,7 +269,6 @@ def run_scenario(
         load.stop()
         tail.stop()
         sampler.stop()
-        endpoints.stop()
     load.records += tail.records
     timeline.samples = sampler.samples
     timeline.requests = [

@@ -1,21 +1,24 @@
-"""Helpers for the chart's e2e tests: Helm against the local control plane, a kubeconfig for the chart's
-ServiceAccount (so that the real API server enforces the chart's RBAC; the operator runs with it, as
-e2e.processes.OperatorProcess), and small kubectl helpers."""
+"""Helpers for the chart's e2e tests: Helm against the local control plane, the operator the chart runs (its
+pod on the real node, from its image, under the chart's ServiceAccount and RBAC), a kubeconfig for that
+ServiceAccount, and small kubectl helpers."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from e2e.cluster import Cluster
+from e2e.processes import OperatorMetrics, http_ok
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "pagoda"
 CRD_NAME = "inferenceservices.pagoda.dev"
+OPERATOR_SELECTOR = "app.kubernetes.io/name=pagoda"  # the chart's selector labels name the operator's pod
 
 
 def helm(
@@ -88,3 +91,58 @@ def managed_fields(
     obj = kubectl_json(cluster, "get", kind, name, "-n", namespace, "--show-managed-fields")
     entries: list[dict[str, Any]] = obj["metadata"].get("managedFields") or []
     return [m for m in entries if manager is None or m.get("manager") == manager]
+
+
+@dataclass
+class ChartOperator(OperatorMetrics):
+    """The operator a release of the chart runs: its one pod, read through the API (logs) and at its pod IP
+    (/healthz, /metrics on the chart's `operator.metricsPort`)."""
+
+    cluster: Cluster
+    namespace: str
+    port: int = 8080
+
+    def pod(self) -> dict[str, Any]:
+        listed = kubectl_json(self.cluster, "get", "pods", "-n", self.namespace, "-l", OPERATOR_SELECTOR)
+        running = [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+        assert len(running) == 1, [p["metadata"]["name"] for p in running]
+        pod: dict[str, Any] = running[0]
+        return pod
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.pod()['status']['podIP']}:{self.port}"
+
+    def wait_ready(self, timeout: float = 180) -> ChartOperator:
+        """Waits for the Deployment's rollout: its one pod of the current template Ready (image pulled,
+        /healthz answering)."""
+        deployment = kubectl_json(
+            self.cluster, "get", "deployments", "-n", self.namespace, "-l", OPERATOR_SELECTOR
+        )
+        (name,) = [d["metadata"]["name"] for d in deployment["items"]]
+        self.cluster.kubectl(
+            "rollout",
+            "status",
+            "-n",
+            self.namespace,
+            f"deployment/{name}",
+            f"--timeout={timeout:.0f}s",
+            timeout=timeout + 10,
+        )
+        return self
+
+    def check_alive(self) -> None:
+        """Fails, with its last log, if the operator's container restarted (it exited or its probe failed)."""
+        pod = self.pod()
+        restarts = sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
+        assert restarts == 0, f"The operator pod restarted {restarts} times:\n{self.log(previous=True)}"
+
+    def healthy(self) -> bool:
+        """/healthz answers 200; fails at once, with its log, if the container restarted."""
+        self.check_alive()
+        return http_ok(f"{self.url}/healthz")
+
+    def log(self, previous: bool = False) -> str:
+        """The operator container's log (its last run's with `previous`), through the API server."""
+        args = ["logs", "-n", self.namespace, "-l", OPERATOR_SELECTOR, "--tail=-1"]
+        return self.cluster.kubectl(*args, *(["--previous"] if previous else []), check=False).stdout

@@ -1,6 +1,7 @@
 """A real local Kubernetes control plane: etcd, kube-apiserver (RBAC on), kube-controller-manager,
-kube-scheduler and kwok with two fake GPU nodes, all built by e2e/tools/build.sh, and the node agent
-(e2e/nodeagent.py) with one node whose pods run for real as processes with their own pod IPs.
+kube-scheduler and kwok with two fake GPU nodes, all built by e2e/tools/build.sh; with `real_node`, also the
+local registry and a real node (kubelet, containerd, kube-proxy: e2e/realnode.py) whose pods run Pagoda's
+images.
 
     python -m e2e.cluster up      # detached; kubeconfig at .pagoda-dev/kubeconfig
     python -m e2e.cluster down
@@ -26,7 +27,7 @@ from typing import Any
 
 import yaml
 
-from e2e import _objects, _procs, podnet, realnode, registry
+from e2e import _objects, _procs, images, podnet, realnode, registry
 from e2e._pki import write_pki
 from e2e.processes import free_ports, http_ok
 
@@ -51,10 +52,7 @@ CRD_FILES = (
     "monitoring.coreos.com_prometheusrules.yaml",
 )
 GPU_NODES = ("gpu-node-0", "gpu-node-1")
-# The node whose pods really run. The agent registers it tainted, so that only pods that ask for it (a
-# toleration and the node selector, as examples/tiny-cpu.yaml) start real runtimes; the rest stay on kwok's.
-REAL_NODE = "pagoda-node-0"
-MODELS_DIR = DEV_DIR / "models"  # the runtime image's /models on this machine; holds the tiny model
+OPERATOR_RELEASE, OPERATOR_NAMESPACE = "pagoda", "pagoda-system"  # what `up` installs with Helm
 GPU_PRODUCT = "NVIDIA-H100-80GB-HBM3"
 START_TIMEOUT = 120.0
 STATE_FILE = "state.json"
@@ -123,22 +121,23 @@ class Cluster:
         return proc
 
     def stop(self) -> None:
-        """Ends exactly the processes this cluster started (by PID), most dependent first; then removes
-        whatever pod processes and network namespaces a node agent that did not end cleanly left."""
+        """Ends exactly the processes this cluster started (by PID), most dependent first, after the real
+        node's pods were drained; then removes what the real node made (e2e/realnode.py teardown)."""
         if not self.pids:
             return
         if self.node is not None and "kubelet" in self.pids:
             realnode.drain(self)  # while its kubelet still runs: each pod's preStop, SIGTERM, CNI teardown
         own = self._launcher.procs if self._launcher else {}
+        kwok = self.pids.get("kwok")
         for name in reversed(list(self.pids)):
             if name in own:
                 _procs.terminate_child(own[name])
             else:
                 _procs.terminate(self.pids[name], _procs.program(self.bin_dir, name))
         self.pids.clear()
-        podnet.sweep()
         if self.node is not None:
             realnode.teardown(self.node, self.bin_dir)
+        podnet.release_pod_range(kwok)
         (self.workdir / STATE_FILE).unlink(missing_ok=True)
 
     def save_state(self) -> None:
@@ -169,30 +168,6 @@ class Cluster:
         )
 
 
-def tiny_model(models_dir: Path = MODELS_DIR) -> Path:
-    """The tiny model at MODELS/tiny (written once by `pagoda-runtime make-tiny-model`)."""
-    model = models_dir / "tiny"
-    if not (model / "config.json").is_file():
-        runtime = Path(sys.executable).parent / "pagoda-runtime"
-        subprocess.run([str(runtime), "make-tiny-model", str(model)], check=True, capture_output=True)
-    return model
-
-
-def start_node_agent(cluster: Cluster, launcher: _procs.Launcher, deadline: float) -> None:
-    """Runs the node agent for REAL_NODE and waits until the node is Ready."""
-    tiny_model()
-    args = [f"--kubeconfig={cluster.kubeconfig}", f"--node={REAL_NODE}"]
-    args += [f"--state-dir={cluster.workdir / _procs.NODE_AGENT}", f"--models-dir={MODELS_DIR}"]
-    args += [f"--path={Path(sys.executable).parent}"]
-    cluster.pids[_procs.NODE_AGENT] = launcher.launch(_procs.NODE_AGENT, args)
-    cluster.save_state()
-    api = cluster.api_client()
-    try:
-        _objects.wait_nodes_ready(launcher, api, [REAL_NODE], deadline, log_of=_procs.NODE_AGENT)
-    finally:
-        api.close()
-
-
 def start_registry(cluster: Cluster, launcher: _procs.Launcher, timeout: float = 30.0) -> str:
     """Runs the local registry (e2e/registry.py) and pushes `make images`' images and the chart; returns
     host:port."""
@@ -210,7 +185,7 @@ def start_registry(cluster: Cluster, launcher: _procs.Launcher, timeout: float =
         "registry",
     )
     registry.record_pushed(cluster.workdir, registry.push_images(address))
-    registry.push_chart(address, cluster.bin_dir / "helm", cluster.workdir)
+    cluster.urls["chart"] = registry.push_chart(address, cluster.bin_dir / "helm", cluster.workdir)
     cluster.urls["registry"] = address
     return address
 
@@ -276,13 +251,16 @@ def start(
         ).items():
             cluster.pids[name] = launcher.launch(name, args)
             cluster.save_state()
+            if name == "kwok":  # its fake pods' addresses must end on this host
+                podnet.guard_pod_range(cluster.pids[name])
             if name == "kube-apiserver":  # the controllers exit when their first call is refused
                 _procs.wait_http(launcher, "kube-apiserver", f"{server}/readyz", deadline, pki=pki)
         api = cluster.api_client()
         try:
             crds = _objects.create_crds(api, bin_dir / "crds", CRD_FILES)
             for i, node in enumerate(GPU_NODES):
-                _objects.create_fake_gpu_node(api, node, GPU_PRODUCT, ip=f"10.254.0.{i + 1}")
+                ip = f"10.254.0.{i + 1}"
+                _objects.create_fake_gpu_node(api, node, GPU_PRODUCT, ip, tainted=real_node)
             _procs.wait_http(
                 launcher, "kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", deadline
             )
@@ -294,7 +272,6 @@ def start(
             api.close()
         if network is not None:
             start_real_node(cluster, launcher, network, pki)
-        start_node_agent(cluster, launcher, deadline)
     except BaseException:
         cluster.stop()
         raise
@@ -329,7 +306,10 @@ def _cmd_up(args: argparse.Namespace) -> int:
         }
     )
     cluster.save_state()
-    start_operator(cluster)
+    if cluster.node is not None:
+        install_operator(cluster)
+    else:
+        start_operator(cluster)
     link = Path(args.kubeconfig)
     link.parent.mkdir(parents=True, exist_ok=True)
     link.write_text(cluster.kubeconfig.read_text())
@@ -339,8 +319,39 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def install_operator(
+    cluster: Cluster,
+    release: str = OPERATOR_RELEASE,
+    namespace: str = OPERATOR_NAMESPACE,
+    values: tuple[str, ...] = (),
+    timeout: float = 240.0,
+) -> None:
+    """Installs Pagoda as a user does: `helm install` of the chart from the local registry (oci://), waiting
+    for it. The operator runs as a pod on the real node, from its image, under the chart's RBAC; its services
+    run the CPU runtime image (the chart's `operator.runtimeImage`). `values`: more `--set` arguments."""
+    args = [
+        str(cluster.bin_dir / "helm"),
+        f"--kubeconfig={cluster.kubeconfig}",
+        "install",
+        release,
+        cluster.urls["chart"],
+        f"--version={registry.chart_version()}",
+        "--plain-http",
+        f"--namespace={namespace}",
+        "--create-namespace",
+        f"--set=operator.runtimeImage={images.runtime_cpu_image()}",
+        *(f"--set={value}" for value in values),
+        "--wait",
+        f"--timeout={timeout:.0f}s",
+    ]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
+    if proc.returncode != 0:
+        raise _procs.StartError(f"helm install {release} failed:\n{proc.stdout}{proc.stderr}")
+    cluster.urls["helm release"] = f"{namespace}/{release} (operator.runtimeImage: CPU)"
+
+
 def start_operator(cluster: Cluster, timeout: float = 60.0) -> None:
-    """Installs the InferenceService CRD and runs `pagoda-operator` as a component of the cluster."""
+    """Without a real node: installs the InferenceService CRD and runs `pagoda-operator` as a process."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
@@ -361,17 +372,15 @@ def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
     print(f"  kube-apiserver      {cluster.server}")
     for name, url in cluster.urls.items():
         print(f"  {name:<19} {url}")
-    print(f"  node agent          node {REAL_NODE}: pods run here as processes (log {cluster.workdir}/logs)")
     if cluster.node is not None:
         print(
             f"  real node           {realnode.NODE_NAME} at {cluster.node.address}: kubelet, containerd, "
-            f"kube-proxy (taint {realnode.NODE_LABEL}; config in {cluster.workdir}/node)"
+            f"kube-proxy (label {realnode.NODE_LABEL}; config in {cluster.workdir}/node)"
         )
-        print(f"  helm install        pagoda oci://{cluster.urls.get('registry')}/charts/pagoda --plain-http")
     print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
     print(f"\n  export KUBECONFIG={kubeconfig}")
-    print(f"  {kubectl} get nodes      # {REAL_NODE} (real pods) and two kwok nodes with 8 fake GPUs each")
-    print(f"  {kubectl} apply -f examples/tiny-cpu.yaml   # a pod that serves chat at its pod IP")
+    print(f"  {kubectl} get nodes -o wide  # {realnode.NODE_NAME} (real pods) and two tainted kwok nodes")
+    print(f"  {kubectl} apply -f examples/tiny-cpu.yaml   # a pod on the real node that serves chat")
     print("  make cluster-down         # stops it all")
 
 

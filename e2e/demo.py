@@ -1,22 +1,25 @@
-"""`make demo`: the whole of Pagoda on one machine, in about two minutes once installed.
+"""`make demo`: Pagoda as a user installs and uses it, on one machine.
 
-1. starts the local cluster exactly as `make cluster-up` does (control plane, kwok, the node agent, KEDA,
-   Prometheus, kube-state-metrics, the CRD and the operator); it stays up, `make cluster-down` stops it,
-2. applies examples/tiny-cpu.yaml (`kubectl apply -f`) and waits until the service is Ready: its pod runs
-   on the node agent's node as a real `pagoda-runtime` process (the real vLLM engine, CPU backend) with
-   its own pod IP,
-3. sends a real chat request to that pod IP through the official `openai` client.
+1. starts the local cluster exactly as `make cluster-up` does (control plane, kwok, the local registry with
+   Pagoda's images and chart, the real node, KEDA, Prometheus, kube-state-metrics) and installs Pagoda with
+   `helm install oci://...` from that registry; it stays up, `make cluster-down` stops it,
+2. applies examples/tiny-cpu.yaml unchanged (`kubectl apply -f`) and waits until the service is Ready: its
+   pod runs on the real node from the CPU runtime image (the real vLLM engine, CPU backend),
+3. `kubectl port-forward` to the service's Service and a chat request through it with the official `openai`
+   client, then the runtime's `kubectl logs`.
 """
 
 from __future__ import annotations
 
-import json
+import subprocess
 import sys
 import urllib.request
 
 import yaml
 
 from e2e import cluster as control_plane
+from e2e.processes import free_ports, http_ok, wait_until
+from pagoda.operator.resources.meta import HTTP_PORT
 
 REPO = control_plane.REPO_ROOT
 DEV = control_plane.DEV_DIR
@@ -29,7 +32,7 @@ def say(message: str) -> None:
 
 
 def start_control_plane() -> control_plane.Cluster:
-    say("Starting the local cluster (control plane, kwok, the node agent and the add-ons)")
+    say("Starting the local cluster (control plane, registry, real node, add-ons) and `helm install` Pagoda")
     control_plane.main(["up"])
     cluster = control_plane.Cluster.load_state(DEV / "cluster")
     if cluster is None:
@@ -58,36 +61,41 @@ def apply_sample(cluster: control_plane.Cluster) -> str:
     return name
 
 
-def chat_with_pod(cluster: control_plane.Cluster, name: str) -> None:
-    """A chat request to the pod the operator made, at its pod IP (a real runtime run by the node agent)."""
-    pods = json.loads(
-        cluster.kubectl(
-            "get", "pods", "-n", NAMESPACE, "-l", f"pagoda.dev/inferenceservice={name}", "-o", "json"
-        ).stdout
-    )["items"]
-    pod = next(p for p in pods if p["status"].get("podIP") and not p["metadata"].get("deletionTimestamp"))
-    base = f"http://{pod['status']['podIP']}:8000"
-    say(f"Sending a chat request to pod {pod['metadata']['name']} at {base} (vLLM engine, CPU backend)")
-    from openai import OpenAI
+def chat_through_the_service(cluster: control_plane.Cluster, name: str) -> None:
+    """`kubectl port-forward svc/NAME`, a chat request through it, the pod's metrics, its `kubectl logs`."""
+    (port,) = free_ports(1)
+    kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", NAMESPACE]
+    forward_args = [*kubectl, "port-forward", f"service/{name}", f"{port}:{HTTP_PORT}"]
+    say(f"kubectl port-forward service/{name} {port}:{HTTP_PORT}")
+    forward = subprocess.Popen(forward_args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: http_ok(f"{base}/readyz"), f"{base}/readyz through the port-forward", timeout=30)
+        from openai import OpenAI
 
-    client = OpenAI(base_url=f"{base}/v1", api_key="demo")
-    question = "Hello! Who are you?"
-    reply = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": question}], max_tokens=24
-    )
-    say("A real chat request answered by the pod (random weights, so the words are noise)")
-    print(f"user:      {question}")
-    print(f"assistant: {reply.choices[0].message.content!r}")
-    print(f"usage:     {reply.usage}")
-    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
-        lines = response.read().decode().splitlines()
-    print("\n".join(line for line in lines if line.startswith("pagoda_")))
+        client = OpenAI(base_url=f"{base}/v1", api_key="demo")
+        question = "Hello! Who are you?"
+        reply = client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": question}], max_tokens=24
+        )
+        say("A real chat request answered through the Service (random weights, so the words are noise)")
+        print(f"user:      {question}")
+        print(f"assistant: {reply.choices[0].message.content!r}")
+        print(f"usage:     {reply.usage}")
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+            lines = response.read().decode().splitlines()
+        print("\n".join(line for line in lines if line.startswith("pagoda_")))
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+    say(f"kubectl logs deployment/{name} --tail=15")
+    print(cluster.kubectl("logs", "-n", NAMESPACE, f"deployment/{name}", "--tail=15").stdout)
 
 
 def main() -> int:
     cluster = start_control_plane()
     name = apply_sample(cluster)
-    chat_with_pod(cluster, name)
+    chat_through_the_service(cluster, name)
     say("Done. The cluster, the operator and the service are still up for you to explore:")
     print(f"  export KUBECONFIG={DEV / 'kubeconfig'}")
     print(f"  {cluster.bin_dir / 'kubectl'} get inferenceservices,pods -n {NAMESPACE} -o wide")

@@ -7,6 +7,7 @@ Re-export them from a conftest.py:  from e2e.fixtures import cluster, namespace,
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -20,9 +21,17 @@ import pytest
 import yaml
 
 from e2e import _objects, realnode
-from e2e.cluster import Cluster, ToolsMissingError, check_bin_dir, default_bin_dir, start_private
-from e2e.processes import OperatorProcess
-from e2e.stack import Stack, run_operator, start_stack
+from e2e.chartenv import ChartOperator, adopt_crd, helm
+from e2e.cluster import (
+    OPERATOR_RELEASE,
+    Cluster,
+    ToolsMissingError,
+    check_bin_dir,
+    default_bin_dir,
+    install_operator,
+    start_private,
+)
+from e2e.stack import Stack, start_stack
 
 
 @pytest.fixture(scope="session")
@@ -77,10 +86,24 @@ def stack(cluster: Cluster) -> Iterator[Stack]:
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """`pagoda-operator` with admin credentials, the CRD installed; one per test module."""
-    with run_operator(cluster, tmp_path_factory.mktemp("operator") / "operator.log") as process:
-        yield process
+def operator(cluster: Cluster) -> Iterator[ChartOperator]:
+    """Pagoda installed as a user installs it, once per test module: the chart from the local registry
+    (`helm install oci://...`), its operator a pod on the real node under the chart's RBAC (watching every
+    namespace), its services running the CPU runtime image. Uninstalled afterwards; the CRD stays."""
+    if cluster.node is None:
+        pytest.fail(
+            "The operator fixture installs the chart on the real node (tier 4's cluster).", pytrace=False
+        )
+    namespace = f"pagoda-system-{uuid.uuid4().hex[:6]}"
+    adopt_crd(cluster, OPERATOR_RELEASE, namespace)
+    install_operator(cluster, OPERATOR_RELEASE, namespace)
+    running = ChartOperator(cluster, namespace)
+    try:
+        yield running
+        running.check_alive()
+    finally:
+        helm(cluster, "uninstall", OPERATOR_RELEASE, "-n", namespace, "--wait", check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="session")
@@ -116,11 +139,11 @@ TINY_SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.ya
 
 
 def tiny_sample(namespace: str, name: str = "tiny", *, real_pods: bool = False) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml in `namespace` as `name`. With `real_pods` False its node selector and
-    toleration are dropped, so that its pods stay on kwok's simulated nodes (tests of the chart, the
-    dashboards and status that need no running engine); True keeps them on the node agent's real node."""
+    """examples/tiny-cpu.yaml in `namespace` as `name`. With `real_pods` it is unchanged, so its pods run on
+    the real node (tier 4); otherwise it asks for kwok's simulated nodes (tests of the chart, the dashboards
+    and status that need no running engine)."""
     obj: dict[str, Any] = yaml.safe_load(TINY_SAMPLE.read_text())
     obj["metadata"] = {"name": name, "namespace": namespace}
     if not real_pods:
-        obj["spec"].pop("scheduling")
+        obj["spec"]["scheduling"] = copy.deepcopy(_objects.KWOK_SCHEDULING)
     return obj

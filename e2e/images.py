@@ -456,6 +456,13 @@ IMAGES: dict[str, Image] = {
     ]
 }
 DEFAULT = list(IMAGES)
+
+
+def runtime_cpu_image() -> str:
+    """The CPU runtime image's reference: what the operator runs on the local cluster's real node."""
+    return IMAGES["runtime-cpu"].references()[0]
+
+
 # What a FROM line may name: the stand-in base, or nothing.
 PROVIDED_BASES = {"python:3.11-slim": BASE_REF, BASE_REF: BASE_REF, "scratch": None}
 

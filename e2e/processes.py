@@ -158,46 +158,13 @@ class ManagedProcess:
         self.stop()
 
 
-class OperatorProcess(ManagedProcess):
-    """`pagoda-operator` as a child process (as in production), with its /healthz, /metrics and log file.
-    A flag whose value is None is left out (the operator's default applies)."""
+class OperatorMetrics:
+    """Reading `pagoda-operator`'s /metrics at `url`: as a child process (OperatorProcess) or a pod
+    (e2e/chartenv.py ChartOperator)."""
 
-    name = "pagoda-operator"
-
-    def __init__(
-        self,
-        kubeconfig: Path,
-        log_path: Path,
-        *,
-        resync_seconds: float | None = None,
-        workers: int | None = None,
-        metrics_host: str | None = "127.0.0.1",
-        cwd: Path | None = None,
-    ) -> None:
-        super().__init__(log_path)
-        self.kubeconfig, self.resync_seconds, self.workers = kubeconfig, resync_seconds, workers
-        self.metrics_host, self.cwd = metrics_host, cwd
-        self.port = free_port()
-
-    def args(self) -> list[str]:
-        args = [str(VENV_BIN / "pagoda-operator"), "--kubeconfig", str(self.kubeconfig)]
-        if self.metrics_host is not None:
-            args += ["--metrics-host", self.metrics_host]
-        args += ["--metrics-port", str(self.port)]
-        if self.resync_seconds is not None:
-            args += ["--resync-seconds", str(self.resync_seconds)]
-        if self.workers is not None:
-            args += ["--workers", str(self.workers)]
-        return args
-
-    def start(self) -> Self:
-        self.launch(self.args(), cwd=self.cwd)
-        self.wait_answers(f"{self.url}/healthz", "the operator's /healthz", timeout=60)
-        return self
-
-    def healthy(self) -> bool:
-        """Whether /healthz answers 200; fails at once, with its log, if the operator exited."""
-        return self.answers(f"{self.url}/healthz")
+    @property
+    def url(self) -> str:
+        raise NotImplementedError
 
     def metrics(self) -> dict[tuple[str, str], float]:
         """Every sample: (name, raw label string) -> value."""
@@ -221,3 +188,48 @@ class OperatorProcess(ManagedProcess):
 
     def reconciles(self) -> float:
         return self.total("pagoda_operator_reconciles_total")
+
+
+class OperatorProcess(ManagedProcess, OperatorMetrics):
+    """`pagoda-operator` as a child process (as in production), with its /healthz, /metrics and log file.
+    A flag whose value is None is left out (the operator's default applies)."""
+
+    name = "pagoda-operator"
+
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        *,
+        resync_seconds: float | None = None,
+        workers: int | None = None,
+        metrics_host: str | None = "127.0.0.1",
+        cwd: Path | None = None,
+        runtime_image: str | None = None,
+    ) -> None:
+        super().__init__(log_path)
+        self.kubeconfig, self.resync_seconds, self.workers = kubeconfig, resync_seconds, workers
+        self.metrics_host, self.cwd, self.runtime_image = metrics_host, cwd, runtime_image
+        self.port = free_port()
+
+    def args(self) -> list[str]:
+        args = [str(VENV_BIN / "pagoda-operator"), "--kubeconfig", str(self.kubeconfig)]
+        if self.metrics_host is not None:
+            args += ["--metrics-host", self.metrics_host]
+        args += ["--metrics-port", str(self.port)]
+        if self.resync_seconds is not None:
+            args += ["--resync-seconds", str(self.resync_seconds)]
+        if self.workers is not None:
+            args += ["--workers", str(self.workers)]
+        if self.runtime_image is not None:
+            args += ["--runtime-image", self.runtime_image]
+        return args
+
+    def start(self) -> Self:
+        self.launch(self.args(), cwd=self.cwd)
+        self.wait_answers(f"{self.url}/healthz", "the operator's /healthz", timeout=60)
+        return self
+
+    def healthy(self) -> bool:
+        """Whether /healthz answers 200; fails at once, with its log, if the operator exited."""
+        return self.answers(f"{self.url}/healthz")

@@ -48,17 +48,16 @@ from e2e import _objects, _pki, _procs, podnet
 from e2e.processes import free_ports
 
 NODE_NAME = "pagoda-kubelet-0"
-# Until every real pod runs here (the node agent's pods move over), the node is tainted and labelled, so
-# that only pods that ask for it run on it: the fake GPU pods of the other tests stay on kwok's nodes.
+# The node is not tainted: kwok's simulated nodes are (e2e/_objects.py KWOK_TAINT) when a real node runs, so a
+# plain pod lands here and only pods that ask for simulation (the toleration, `type: kwok`) go there.
 NODE_LABEL = "pagoda.dev/real-node"
-NODE_TAINT = {"key": NODE_LABEL, "value": "true", "effect": "NoSchedule"}
 GPU_CAPACITY = "4"  # the one fake: nvidia.com/gpu as a node-level extended resource
 POD_RANGE = str(podnet.POD_RANGE)
 SERVICE_RANGE = _procs.SERVICE_CIDR
 RUNC = "/usr/sbin/runc"  # Debian's runc
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"  # built by `make images`, pulled from the local registry
 RUN_DIR = Path("/run/pagoda-realnode")  # <id>.json: what each node made, for sweep()
-LINK_PREFIX = "pgk"
+LINK_PREFIX = podnet.BRIDGE_PREFIX
 CNI_NETWORK = "pagoda"
 # kubelet reaches iptables through PATH (to make its KUBE-FIREWALL and hint chains, for other components):
 # without /usr/sbin it leaves the host's iptables alone. kube-proxy (nftables mode) and runc are named
@@ -157,7 +156,7 @@ class NodeNetwork:
         run("ip", "route", "replace", "unreachable", POD_RANGE)
         run("ip", "route", "replace", SERVICE_RANGE, "dev", self.sink, "src", self.address)
         ranges = f"{{ {POD_RANGE}, {SERVICE_RANGE} }}"
-        own = f'oifname != "lo" oifname != "{LINK_PREFIX}*" oifname != "pgbr*"'
+        own = f'oifname != "lo" oifname != "{LINK_PREFIX}*"'
         run(
             "nft",
             "-f",
@@ -341,7 +340,6 @@ def _kubelet_config(
         "failSwapOn": False,
         "resolvConf": "",  # no cluster DNS: nothing Pagoda runs needs a Service name (docs/local-cluster.md)
         "podLogsDir": str(paths.root / "pod-logs"),
-        "registerWithTaints": [NODE_TAINT],
         "serializeImagePulls": False,
         # Shared, small disks: evict only when really full, and never collect images.
         "evictionHard": {
@@ -624,6 +622,16 @@ def _remove_cgroups(cgroup_root: str) -> None:
                     time.sleep(0.1)
 
 
+def pod_cgroups(net: NodeNetwork, uid: str) -> list[Path]:
+    """The cgroups the kubelet made for the pod with `uid` (`pod<uid>` under kubepods, cgroupfs driver):
+    none once the pod's containers ended and the kubelet cleaned up after it."""
+    return [
+        group
+        for hierarchy in _cgroup_controllers()
+        for group in (hierarchy / net.cgroup_root.lstrip("/")).rglob(f"pod{uid}")
+    ]
+
+
 def leftovers(net: NodeNetwork) -> list[str]:
     """What of `net`'s node is still on this machine (empty after a clean teardown): processes naming its
     folders, mounts below them, its cgroups, links, nftables tables (its own and kube-proxy's), routes."""
@@ -645,7 +653,7 @@ def leftovers(net: NodeNetwork) -> list[str]:
         for h in _cgroup_controllers()
         if (h / net.cgroup_root.lstrip("/")).exists()
     ]
-    links = {str(link.get("ifname", "")) for link in podnet._links()}
+    links = {str(link.get("ifname", "")) for link in podnet.links()}
     found += [f"link {name}" for name in (net.bridge, net.sink) if name in links]
     tables = run("nft", "list", "tables").stdout.split("\n")
     found += [f"nftables {t.strip()}" for t in tables if net.table in t or t.strip().endswith(" kube-proxy")]

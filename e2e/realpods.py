@@ -1,5 +1,5 @@
-"""Helpers for e2e tests whose InferenceService pods really run (on the node agent's node): reading an
-InferenceService's conditions and pods, and spreading requests over the Ready endpoints of its Service's
+"""Helpers for e2e tests whose InferenceService pods really run (on the real node, e2e/realnode.py): reading
+an InferenceService's conditions and pods, and spreading requests over the Ready endpoints of its Service's
 EndpointSlices, as a Service (kube-proxy) would."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ import itertools
 import json
 import threading
 from typing import Any
+
+import httpx
 
 from e2e.cluster import Cluster
 from e2e.podnet import REAL_SUBNETS
@@ -61,6 +63,86 @@ def is_real_pod_ip(address: str) -> bool:
     import ipaddress
 
     return ipaddress.ip_address(address) in REAL_SUBNETS
+
+
+FINISHED = "vllm:request_success_total"  # vLLM's own count of finished requests, per pod
+
+
+def samples(url: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample at the Prometheus endpoint `url`: (name, labels, value)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url, timeout=10).text
+    return [
+        (s.name, dict(s.labels), s.value)
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    ]
+
+
+def finished(ip: str) -> float:
+    """The pod's count of finished requests, as vLLM counts them."""
+    return sum(v for n, _, v in samples(f"http://{ip}:{HTTP_PORT}/metrics") if n == FINISHED)
+
+
+def service_url(cluster: Cluster, namespace: str, name: str, timeout: float = 60) -> str:
+    """http://CLUSTER-IP:PORT of the service's Service, once kube-proxy leads its ClusterIP to a Ready pod
+    (the runtime's /readyz answers 200 through it)."""
+    service = get_json(cluster, "-n", namespace, "service", name)
+    url = f"http://{service['spec']['clusterIP']}:{HTTP_PORT}"
+
+    def answers() -> bool:
+        try:
+            return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(answers, f"{url}/readyz through the Service", timeout=timeout, interval=0.5)
+    return url
+
+
+class Terminations:
+    """How the containers of a service's pods ended, as the kubelet reported it before each pod was removed:
+    pod uid -> [(exit code, reason)], from a watch on the pods (a thread) for as long as it runs."""
+
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        self.cluster, self.namespace, self.selector = cluster, namespace, f"{OWNER_LABEL}={name}"
+        self.ended: dict[str, list[tuple[int, str]]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        from kubernetes import client, watch
+
+        api = self.cluster.api_client()
+        core = client.CoreV1Api(api)
+        try:
+            while not self._stop.is_set():
+                stream = watch.Watch().stream(
+                    core.list_namespaced_pod, self.namespace, label_selector=self.selector, timeout_seconds=5
+                )
+                for event in stream:
+                    pod = event["object"]
+                    ended = [
+                        (c.state.terminated.exit_code, c.state.terminated.reason or "")
+                        for c in pod.status.container_statuses or []
+                        if c.state and c.state.terminated
+                    ]
+                    if ended:
+                        self.ended[pod.metadata.uid] = ended
+                    if self._stop.is_set():
+                        break
+        finally:
+            api.close()
+
+    def of(self, uid: str, timeout: float = 120) -> list[tuple[int, str]]:
+        """How pod `uid`'s containers ended; waits until the kubelet has reported it."""
+        return wait_until(lambda: self.ended.get(uid), f"the end of pod {uid}'s containers", timeout=timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
 
 
 class ServiceEndpoints:

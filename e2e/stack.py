@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import _procs
+from e2e import _procs, images
 from e2e.addons import AddonProcess, Addons, start_addons
 from e2e.cluster import Cluster, start_private
 from e2e.processes import OperatorProcess, free_port, http_ok
@@ -81,18 +81,21 @@ def start_stack(cluster: Cluster, *, detach: bool = False, timeout: float = STAR
 
 
 def run_operator(cluster: Cluster, log: Path) -> OperatorProcess:
-    """Installs the InferenceService CRD from crds/ and starts `pagoda-operator` (as in production)."""
+    """Installs the InferenceService CRD from crds/ and starts `pagoda-operator` (as in production); on a
+    cluster with a real node its pods run the CPU runtime image (`make images`)."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(_procs.REPO_ROOT / "crds"))
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
     )
-    return OperatorProcess(cluster.kubeconfig, log).start()
+    runtime_image = images.runtime_cpu_image() if cluster.node is not None else None
+    return OperatorProcess(cluster.kubeconfig, log, runtime_image=runtime_image).start()
 
 
 @contextmanager
 def private_stack(bin_dir: Path | None = None) -> Iterator[Stack]:
-    """A private cluster with the add-ons, for scripts (`python -m e2e.autoscaling`); all stop on exit."""
-    cluster = start_private(bin_dir)
+    """A private cluster with the real node and the add-ons, for scripts (`python -m e2e.autoscaling`); all
+    stop on exit."""
+    cluster = start_private(bin_dir, real_node=True)
     try:
         stack = start_stack(cluster)
         try:

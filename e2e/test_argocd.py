@@ -1,9 +1,10 @@
 """GitOps with a real Argo CD (v3.6.1, e2e/argocd.py), with Argo CD's own status as the oracle.
 
 A local Git repository holds what a platform team commits: the Helm chart (charts/pagoda) and a folder of
-InferenceServices (examples/). The two Applications are the shipped examples/argocd files with only their
-repoURL pointed at that repository, and argocd-cm gets Pagoda's health check with the very patch
-docs/gitops.md gives users. The operator runs with the chart's ServiceAccount, as the chart deploys it.
+InferenceServices (examples/). The two Applications are the shipped examples/argocd files with their
+repoURL pointed at that repository (and, for the chart's, the CPU runtime image and a 3 s resync), and
+argocd-cm gets Pagoda's health check with the very patch docs/gitops.md gives users. The operator is the
+chart's pod, from its image, under the chart's RBAC.
 
 What is asserted, each on the Application's status as Argo CD writes it (`status.sync`, `status.health`,
 `status.resources[]`, `status.operationState`, `status.reconciledAt`):
@@ -29,12 +30,13 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e import images
 from e2e.addons import install_keda_crds
 from e2e.argocd import EXAMPLES, NAMESPACE, RESYNC_SECONDS, ArgoCD, GitRepo, start_argocd
-from e2e.chartenv import CHART, CRD_NAME, REPO, condition, kubectl_json, service_account_kubeconfig
+from e2e.chartenv import CHART, CRD_NAME, REPO, ChartOperator, condition, kubectl_json
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
-from e2e.processes import OperatorProcess, wait_until
+from e2e.processes import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -61,9 +63,16 @@ def manifest(obj: dict[str, Any]) -> str:
 
 
 def example_application(file: str, repo: GitRepo) -> dict[str, Any]:
-    """The shipped example with only its repoURL pointed at the local repository."""
+    """The shipped example with its repoURL pointed at the local repository; the chart's operator runs the
+    CPU runtime image (the real node's) and resyncs every 3 s, so that the tests need not wait for one."""
     app: dict[str, Any] = yaml.safe_load((EXAMPLES / file).read_text())
     app["spec"]["source"]["repoURL"] = repo.url
+    helm_source = app["spec"]["source"].get("helm")
+    if helm_source is not None and app["spec"]["source"]["path"] == "charts/pagoda":
+        helm_source["valuesObject"]["operator"] = {
+            "runtimeImage": images.runtime_cpu_image(),
+            "extraArgs": ["--resync-seconds=3"],
+        }
     return app
 
 
@@ -100,7 +109,7 @@ def summary(app: dict[str, Any]) -> str:
 
 class GitOps:
     def __init__(
-        self, cluster: Cluster, argocd: ArgoCD, repo: GitRepo, operator: OperatorProcess | None
+        self, cluster: Cluster, argocd: ArgoCD, repo: GitRepo, operator: ChartOperator | None
     ) -> None:
         self.cluster, self.argocd, self.repo, self.operator = cluster, argocd, repo, operator
 
@@ -191,8 +200,6 @@ def gitops(cluster: Cluster, workdir: Path) -> Iterator[GitOps]:
                 check=False,
                 timeout=150,
             )
-        if state.operator is not None:
-            state.operator.stop()
         argocd.stop()
         for ns in (SERVICES_NS, SYSTEM_NS, NAMESPACE):
             cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
@@ -214,10 +221,7 @@ def synced(gitops: GitOps, workdir: Path) -> GitOps:
         timeout=240,
     )
     assert not out_of_sync(chart), summary(chart)
-    kubeconfig = service_account_kubeconfig(
-        gitops.cluster, SYSTEM_NS, "pagoda", workdir / "operator.kubeconfig"
-    )
-    gitops.operator = OperatorProcess(kubeconfig, workdir / "operator.log", resync_seconds=3).start()
+    gitops.operator = ChartOperator(gitops.cluster, SYSTEM_NS).wait_ready()
     return gitops
 
 

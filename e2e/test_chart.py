@@ -2,8 +2,9 @@
 
 1. Every scenario under charts/pagoda/ci/ is validated by the real API server (server-side dry-run with
    strict field validation: the Kubernetes schemas, the CRDs' schemas, unknown fields rejected).
-2. `helm install`; the operator then runs (as a local process) with a token of the chart's ServiceAccount,
-   so the API server enforces exactly the chart's RBAC, and reconciles samples to Ready.
+2. `helm install`; the operator then runs as the chart's pod on the real node, from its image, with the
+   chart's ServiceAccount, so the API server enforces exactly the chart's RBAC, and reconciles samples to
+   Ready.
 3. Argo CD's view: the user's manifests show no diff after the operator has reconciled (`kubectl diff`),
    the operator owns no field of the spec, an autoscaled Deployment carries no operator-owned
    spec.replicas (a replica count set by the autoscaler survives reconciles), and the Lua health check
@@ -29,20 +30,24 @@ from e2e.chartenv import (
     CHART,
     CRD_NAME,
     REPO,
+    ChartOperator,
     adopt_crd,
     condition,
     helm,
     kubectl_json,
     managed_fields,
-    service_account_kubeconfig,
 )
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
-from e2e.processes import OperatorProcess, wait_until
+from e2e.processes import wait_until
 
 pytestmark = pytest.mark.e2e
 
 RELEASE = "pagoda"
+RESYNC = "operator.extraArgs={--resync-seconds=3}"
+# The operator watches every namespace, other tests' too: writing into one being deleted is refused with 403
+# by the API server's NamespaceLifecycle admission, whatever the RBAC.
+NAMESPACE_TERMINATING = "because it is being terminated"
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
 HEALTH_LUA = REPO / "argocd" / "resource_customizations" / "pagoda.dev" / "InferenceService" / "health.lua"
 
@@ -90,22 +95,24 @@ def release_ns(cluster: Cluster) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster, release_ns: str) -> str:
     adopt_crd(cluster, RELEASE, release_ns)
-    result = helm(cluster, "install", RELEASE, str(CHART), "-n", release_ns)
+    # A resync every 3 s instead of the operator's default, so that the tests need not wait for one.
+    result = helm(cluster, "install", RELEASE, str(CHART), "-n", release_ns, f"--set={RESYNC}")
     assert f"kubectl -n {release_ns} rollout status deployment/pagoda" in result.stdout  # NOTES.txt
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
     return result.stdout
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, release_ns: str, installed: str, workdir: Path) -> Iterator[OperatorProcess]:
-    kubeconfig = service_account_kubeconfig(cluster, release_ns, "pagoda", workdir / "operator.kubeconfig")
-    with OperatorProcess(kubeconfig, workdir / "operator.log", resync_seconds=3).start() as process:
-        yield process
-    print(f"\nThe operator's log is {process.log_path}.")
+def operator(cluster: Cluster, release_ns: str, installed: str) -> Iterator[ChartOperator]:
+    """The chart's operator: its pod on the real node, from the image in the local registry, with the
+    chart's ServiceAccount (so the API server enforces the chart's RBAC)."""
+    running = ChartOperator(cluster, release_ns).wait_ready()
+    yield running
+    print(f"\nThe operator's log:\n{running.log()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
-def samples(cluster: Cluster, operator: OperatorProcess, workdir: Path) -> Iterator[tuple[str, Path]]:
+def samples(cluster: Cluster, operator: ChartOperator, workdir: Path) -> Iterator[tuple[str, Path]]:
     """A plain and an autoscaled InferenceService, applied like Argo CD applies (client-side apply)."""
     namespace = f"chart-samples-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
@@ -200,6 +207,8 @@ def permission_errors(log: str) -> list[str]:
     warnings (never a bare "403", which a timestamp's milliseconds can contain)."""
     found = []
     for line in log.splitlines():
+        if NAMESPACE_TERMINATING in line:
+            continue  # the NamespaceLifecycle admission plugin's 403, not RBAC (another test's namespace)
         match = API_ERROR.search(line)
         if match and (match["status"] == "403" or match["reason"] == "Forbidden"):
             found.append(line)
@@ -217,10 +226,16 @@ def test_permission_errors_match_errors_not_timestamps() -> None:
     other = "2026-05-01 22:45:23,403 level=WARNING logger=x Failed error='409 Conflict: 403 objects'"
     assert permission_errors("\n".join([ok, other])) == []
     assert permission_errors("\n".join([ok, refused, other])) == [refused]
+    terminating = (
+        "2026-12-02 10:25:51,272 level=WARNING logger=pagoda.operator.events Failed to record Event "
+        'error=\'403 Forbidden: events "tiny." is forbidden: unable to create new content in namespace t-x '
+        "because it is being terminated'"
+    )
+    assert permission_errors(terminating) == []
 
 
 def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
-    cluster: Cluster, release_ns: str, operator: OperatorProcess, samples: tuple[str, Path]
+    cluster: Cluster, release_ns: str, operator: ChartOperator, samples: tuple[str, Path]
 ) -> None:
     namespace, _ = samples
     for kind in ("deployment", "service", "poddisruptionbudget"):
@@ -245,7 +260,7 @@ def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
 
 
 def test_argocd_sees_no_diff_after_the_operator_reconciled(
-    cluster: Cluster, operator: OperatorProcess, samples: tuple[str, Path]
+    cluster: Cluster, operator: ChartOperator, samples: tuple[str, Path]
 ) -> None:
     namespace, path = samples
     before = operator.reconciles()
@@ -271,7 +286,7 @@ def test_argocd_sees_no_diff_after_the_operator_reconciled(
 
 
 def test_autoscaled_deployment_replicas_belong_to_the_autoscaler(
-    cluster: Cluster, operator: OperatorProcess, samples: tuple[str, Path]
+    cluster: Cluster, operator: ChartOperator, samples: tuple[str, Path]
 ) -> None:
     namespace, _ = samples
     (applied,) = managed_fields(cluster, "deployment", namespace, "tiny-auto", "pagoda-operator")
@@ -314,9 +329,7 @@ def test_argocd_health_check_reports_the_live_object_healthy(
     assert lua.execute(HEALTH_LUA.read_text())["status"] == "Progressing"
 
 
-def test_upgrade_adds_and_removes_objects(
-    cluster: Cluster, release_ns: str, operator: OperatorProcess
-) -> None:
+def test_upgrade_adds_and_removes_objects(cluster: Cluster, release_ns: str, operator: ChartOperator) -> None:
     monitoring = CHART / "ci" / "monitoring-values.yaml"
     helm(cluster, "upgrade", RELEASE, str(CHART), "-n", release_ns, "-f", str(monitoring))
     assert exists(cluster, "servicemonitor", release_ns, "pagoda")
@@ -329,15 +342,14 @@ def test_upgrade_adds_and_removes_objects(
     assert not exists(cluster, "prometheusrule", release_ns, "pagoda")
     history = yaml.safe_load(helm(cluster, "history", RELEASE, "-n", release_ns, "-o", "yaml").stdout)
     assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["status"] == "deployed"
-    assert operator.healthy()
+    assert operator.wait_ready().healthy()  # the upgrades changed its arguments: a new pod
 
 
 def test_uninstall_leaves_nothing_behind_but_the_kept_crd(
-    cluster: Cluster, release_ns: str, operator: OperatorProcess, samples: tuple[str, Path]
+    cluster: Cluster, release_ns: str, operator: ChartOperator, samples: tuple[str, Path]
 ) -> None:
     namespace, _ = samples
     objects = release_objects(cluster, release_ns)
-    operator.stop()
     cluster.kubectl("delete", "namespace", namespace, "--timeout=120s", timeout=150)
     helm(cluster, "uninstall", RELEASE, "-n", release_ns, "--wait")
     for kind, ns, name in objects:
@@ -345,17 +357,22 @@ def test_uninstall_leaves_nothing_behind_but_the_kept_crd(
             assert exists(cluster, kind, ns, name), "crds.keep=true must keep the CRD"
         else:
             assert not exists(cluster, kind, ns, name), f"{kind} {ns}/{name} left behind"
-    labelled = cluster.kubectl(
-        "get",
-        "all,configmaps,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,"
-        "servicemonitors,prometheusrules,crds",
-        "-A",
-        "-l",
-        f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/part-of=pagoda",
-        "-o",
-        "name",
-    ).stdout.split()
-    assert labelled == [f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"]
+
+    def labelled() -> list[str]:
+        return cluster.kubectl(
+            "get",
+            "all,configmaps,serviceaccounts,roles,rolebindings,clusterroles,clusterrolebindings,"
+            "servicemonitors,prometheusrules,crds",
+            "-A",
+            "-l",
+            f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/part-of=pagoda",
+            "-o",
+            "name",
+        ).stdout.split()
+
+    # The operator's pod goes after its Deployment (the garbage collector, then the kubelet's grace period).
+    kept = [f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"]
+    wait_until(lambda: labelled() == kept, "only the kept CRD to be left", timeout=120, interval=1)
     assert not helm(cluster, "list", "-n", release_ns, "-q").stdout.strip()
 
 

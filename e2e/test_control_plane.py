@@ -14,14 +14,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import podnet, realnode
-from e2e._objects import GPU_PRODUCT_LABEL, GPU_RESOURCE, request
+from e2e import realnode
+from e2e._objects import GPU_PRODUCT_LABEL, GPU_RESOURCE, KWOK_SCHEDULING, KWOK_TAINT, request
 from e2e._procs import all_alive
 from e2e.cluster import (
     COMPONENTS,
     GPU_NODES,
     GPU_PRODUCT,
-    REAL_NODE,
     REPO_ROOT,
     Cluster,
     ToolsMissingError,
@@ -30,10 +29,9 @@ from e2e.cluster import (
 from e2e.processes import wait_until
 
 pytestmark = pytest.mark.e2e
-# What `python -m e2e.cluster up` runs: the control plane, the node agent, the add-ons and the operator.
+# What `python -m e2e.cluster up --no-real-node` runs: the control plane, the add-ons and the operator.
 UP_COMPONENTS = [
     *COMPONENTS,
-    "node-agent",
     "keda-operator",
     "keda-adapter",
     "kube-state-metrics",
@@ -48,17 +46,13 @@ def test_cluster_serves_with_fake_gpu_nodes_and_the_real_node(cluster: Cluster) 
         n["metadata"]["name"]: n
         for n in json.loads(cluster.kubectl("get", "nodes", "-o", "json").stdout)["items"]
     }
-    assert sorted(nodes) == sorted([*GPU_NODES, REAL_NODE, realnode.NODE_NAME])
+    assert sorted(nodes) == sorted([*GPU_NODES, realnode.NODE_NAME])
     kubelet_node = nodes.pop(realnode.NODE_NAME)  # e2e/test_real_node.py checks it further
     assert [c["status"] for c in kubelet_node["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
-    assert kubelet_node["spec"]["taints"] == [realnode.NODE_TAINT]
-    real = nodes.pop(REAL_NODE)
-    assert real["status"]["allocatable"][GPU_RESOURCE] == "4"
-    assert [c["status"] for c in real["status"]["conditions"] if c["type"] == "Ready"] == ["True"]
-    assert real["spec"]["taints"] == [
-        {"key": "pagoda.dev/node-agent", "value": "true", "effect": "NoSchedule"}
-    ]
-    for node in nodes.values():
+    assert kubelet_node["status"]["allocatable"][GPU_RESOURCE] == realnode.GPU_CAPACITY
+    assert not kubelet_node["spec"].get("taints"), "a plain pod must land on the real node"
+    for node in nodes.values():  # kwok's, tainted so that only pods asking for simulation go there
+        assert node["spec"]["taints"] == [KWOK_TAINT]
         assert node["status"]["allocatable"][GPU_RESOURCE] == "8"
         assert node["metadata"]["labels"][GPU_PRODUCT_LABEL] == GPU_PRODUCT
         ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
@@ -90,7 +84,7 @@ def _gpu_deployment(name: str, gpus: int) -> dict[str, Any]:
     labels = {"app": name}
     container = {
         "name": "main",
-        "image": "pagoda-runtime:fake",  # never pulled: kwok only simulates the pod
+        "image": "pagoda-runtime:fake",  # never pulled: it asks for kwok's nodes, which only simulate it
         "resources": {"limits": {GPU_RESOURCE: str(gpus)}},
     }
     return {
@@ -100,7 +94,10 @@ def _gpu_deployment(name: str, gpus: int) -> dict[str, Any]:
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [container], **KWOK_SCHEDULING},
+            },
         },
     }
 
@@ -262,30 +259,3 @@ def test_cli_up_and_down_manage_exactly_their_processes(cluster: Cluster, tmp_pa
     assert not kubeconfig.exists()
     # The session's own cluster is untouched.
     assert cluster.kubectl("get", "--raw", "/readyz").stdout == "ok"
-
-
-def test_sweep_removes_what_a_killed_node_agent_left() -> None:
-    """A node agent killed with SIGKILL leaves its pods' processes, namespaces and bridge; the next sweep (at
-    any agent's start and at `cluster down`) removes them, and never touches a live agent's."""
-    dead_agent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    live = podnet.PodNetwork("5ee1ive")
-    try:
-        live_ns, _ = live.add_pod("live0001")
-        # An agent that then dies: its pid file names a process that is gone.
-        orphan = podnet.PodNetwork("5eedead")
-        (podnet.RUN_DIR / "5eedead.pid").write_text(str(dead_agent.pid))
-        orphan_ns, _ = orphan.add_pod("dead0001")
-        sleeper = subprocess.Popen(
-            ["sleep", "600"], preexec_fn=lambda: podnet.setns_net(orphan_ns), start_new_session=True
-        )
-        dead_agent.kill()
-        dead_agent.wait()
-        removed = podnet.sweep()
-        assert f"netns {orphan_ns}" in removed and "link pgbr5eedead" in removed
-        assert sleeper.wait(timeout=10) == -9
-        assert orphan_ns not in podnet._netns_names()
-        assert live_ns in podnet._netns_names()
-    finally:
-        dead_agent.kill()
-        live.close()
-    assert live_ns not in podnet._netns_names()

@@ -7,52 +7,31 @@ without a restart, under load.
 2. Removing it drains and unloads it: requests for it already running finish, later ones get OpenAI's 404 at
    every pod, and the status no longer lists it.
 
-The adapter is made by `pagoda-runtime make-tiny-adapter` for the tiny model, in the host's models folder.
+The adapter is the one the CPU runtime image carries for its tiny model (`pagoda-runtime make-tiny-adapter`).
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 
-from e2e.cluster import MODELS_DIR, Cluster, tiny_model
+from e2e.chartenv import ChartOperator
+from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
 from e2e.observability import Load
-from e2e.processes import OperatorProcess, wait_until
+from e2e.processes import wait_until
 from e2e.realpods import ServiceEndpoints, get_json, patch_spec, ready_pods, wait_condition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 REPLICAS = 2
 ADAPTER = "sql"
-# The node agent maps the image's /models only in a pod's command, args and env (docs/local-cluster.md); the
-# operator hands an adapter's URI to the running runtime over HTTP, so here it names the host folder.
-ADAPTER_URI = f"file://{MODELS_DIR / 'adapters' / ADAPTER}"
+# The CPU runtime image carries this adapter for its tiny model (runtime/Dockerfile.cpu), like the model.
+ADAPTER_URI = f"file:///models/adapters/{ADAPTER}"
 LIMITS = {"maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 2}
-
-
-def make_adapter() -> Path:
-    out = MODELS_DIR / "adapters" / ADAPTER
-    if not (out / "adapter_config.json").is_file():
-        runtime = Path(sys.executable).parent / "pagoda-runtime"
-        command = [
-            str(runtime),
-            "make-tiny-adapter",
-            "--model",
-            str(tiny_model()),
-            "--out",
-            str(out),
-            "--seed",
-            "1",
-        ]
-        subprocess.run(command, check=True, capture_output=True)
-    return out
 
 
 def set_adapters(cluster: Cluster, namespace: str, adapters: list[dict[str, str]]) -> None:
@@ -73,9 +52,8 @@ def identities(cluster: Cluster, namespace: str) -> dict[str, tuple[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def serving(cluster: Cluster, operator: OperatorProcess) -> Iterator[str]:
+def serving(cluster: Cluster, operator: ChartOperator) -> Iterator[str]:
     """A Ready two-replica `tiny` service with LoRA limits and no adapter yet."""
-    make_adapter()
     namespace = "lora"
     cluster.kubectl("create", "namespace", namespace)
     sample = tiny_sample(namespace, real_pods=True)

@@ -2,8 +2,8 @@
 run Pagoda's images pulled from the local registry, the operator is installed from that registry with
 `helm install oci://...` and works under the chart's RBAC, and Services answer through kube-proxy.
 
-Pods land on the real node only when they ask for it (its taint and label) until every real pod moves
-there from the node agent; see docs/local-cluster.md.
+Every pod that does not ask for kwok's simulated nodes (tainted while a real node runs) lands on the real
+node; see docs/local-cluster.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import realnode, registry
+from e2e import images, realnode, registry
 from e2e.chartenv import adopt_crd, condition, helm, kubectl_json
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
@@ -33,14 +33,7 @@ RELEASE = "pagoda-real"
 FULLNAME = RELEASE  # the chart's fullname: the release name, as it contains the chart's name
 KUBELET_VERSION = "v1.36.3"
 CONTAINERD_VERSION = "containerd://2.4.2"
-ESCAPED_LABEL = realnode.NODE_LABEL.replace(".", "\\.")  # --set splits keys at dots
-ON_REAL_NODE = [
-    f"--set-string=operator.nodeSelector.{ESCAPED_LABEL}=true",
-    f"--set=operator.tolerations[0].key={realnode.NODE_LABEL}",
-    "--set=operator.tolerations[0].operator=Exists",
-    "--set=operator.tolerations[0].effect=NoSchedule",
-]
-RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0-cpu"  # runtime/Dockerfile.cpu, `make images`
+RUNTIME_IMAGE = images.runtime_cpu_image()  # runtime/Dockerfile.cpu, `make images`
 SERVICE = "tiny-real"
 READY_TIMEOUT = 420.0  # the first pull of the 7 GB runtime image, then the engine's start on two cores
 
@@ -72,7 +65,6 @@ def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         "--create-namespace",
         f"--set=operator.watchNamespace={namespace}",
         f"--set=operator.runtimeImage={RUNTIME_IMAGE}",
-        *ON_REAL_NODE,
         "--wait",
         "--timeout=180s",
     )
@@ -114,19 +106,24 @@ def test_operator_runs_from_its_image_under_the_chart(cluster: Cluster, release:
     pushed = registry.pushed(cluster.workdir)
     reference = pod["spec"]["containers"][0]["image"]
     assert status["imageID"].endswith(pushed[reference]), (status["imageID"], pushed)
-    # The chart's securityContext, enforced by runc and the kernel (uid/gid, no capabilities, no new
-    # privileges, seccomp filter, read-only root).
-    proc = cluster.kubectl("exec", "-n", release, pod["metadata"]["name"], "--", "cat", "/proc/1/status")
+    # The chart's securityContext, enforced by runc and the kernel.
+    assert_restricted(cluster, release, pod["metadata"]["name"])
+
+
+def assert_restricted(cluster: Cluster, namespace: str, pod: str) -> None:
+    """The pod's main process runs as uid/gid 65532 with no capabilities, no new privileges and a seccomp
+    filter, on a read-only root filesystem, and the pod has no default route (only the pod and Service ranges,
+    through the node): as runc and the kernel enforce it, read from /proc."""
+    proc = cluster.kubectl("exec", "-n", namespace, pod, "--", "cat", "/proc/1/status")
     fields = dict(line.split(":\t", 1) for line in proc.stdout.splitlines() if ":\t" in line)
     assert fields["Uid"].split()[:2] == ["65532", "65532"]
     assert fields["Gid"].split()[:2] == ["65532", "65532"]
     assert fields["CapEff"].strip() == "0000000000000000"
     assert fields["NoNewPrivs"].strip() == "1"
     assert fields["Seccomp"].strip() == "2"
-    write = cluster.kubectl("exec", "-n", release, pod["metadata"]["name"], "--", "touch", "/x", check=False)
+    write = cluster.kubectl("exec", "-n", namespace, pod, "--", "touch", "/x", check=False)
     assert write.returncode != 0 and "Read-only file system" in write.stderr
-    # No default route in a pod: only the pod and Service ranges, through the node.
-    routes = cluster.kubectl("exec", "-n", release, pod["metadata"]["name"], "--", "cat", "/proc/net/route")
+    routes = cluster.kubectl("exec", "-n", namespace, pod, "--", "cat", "/proc/net/route")
     destinations = [line.split()[1] for line in routes.stdout.splitlines()[1:]]
     assert destinations and "00000000" not in destinations, routes.stdout
 
@@ -167,8 +164,6 @@ def test_missing_image_fails_at_once_from_the_local_registry(cluster: Cluster, n
         "kind": "Pod",
         "metadata": {"name": "missing-image", "namespace": namespace},
         "spec": {
-            "nodeSelector": {realnode.NODE_LABEL: "true"},
-            "tolerations": [{"key": realnode.NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{"name": "c", "image": "docker.io/library/no-such-image:1"}],
         },
     }
@@ -192,14 +187,6 @@ def test_missing_image_fails_at_once_from_the_local_registry(cluster: Cluster, n
     assert cluster.node.guard_drops() == drops_before
 
 
-def _on_real_node(sample: dict[str, Any]) -> dict[str, Any]:
-    sample["spec"]["scheduling"] = {
-        "nodeSelector": {realnode.NODE_LABEL: "true"},
-        "tolerations": [{"key": realnode.NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
-    }
-    return sample
-
-
 def _chat(url: str) -> tuple[int, dict[str, Any]]:
     body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
     request = urllib.request.Request(
@@ -217,7 +204,7 @@ def _chat(url: str) -> tuple[int, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def served(cluster: Cluster, release: str) -> dict[str, Any]:
     """examples/tiny-cpu.yaml on the real node, from the CPU runtime image; returns its Ready pod."""
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(_on_real_node(tiny_sample(release, SERVICE))))
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(tiny_sample(release, SERVICE, real_pods=True)))
 
     def ready() -> dict[str, Any] | None:
         obj = kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", release)
@@ -250,6 +237,8 @@ def test_runtime_image_serves_chat_through_its_service(
     assert code == 200 and answer["usage"]["completion_tokens"] > 0, answer
     logs = cluster.kubectl("logs", "-n", release, served["metadata"]["name"]).stdout
     assert logs.strip(), "kubectl logs gave nothing for the runtime"
+    # The operator's pod template, enforced: the engine served all of that with a read-only root filesystem.
+    assert_restricted(cluster, release, served["metadata"]["name"])
 
 
 @contextlib.contextmanager

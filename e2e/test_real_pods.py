@@ -1,12 +1,12 @@
-"""Pods that really run: the operator's pods on the node agent's node, as real `pagoda-runtime` processes
-with their own network namespace and pod IP.
+"""Pods that really run: the operator's pods on the real node (kubelet, containerd, e2e/realnode.py) from
+the CPU runtime image, each with its own pod IP.
 
 One `tiny` service (examples/tiny-cpu.yaml) in a namespace that enforces the `restricted` Pod Security
 Standard serves the first three tests, in order:
-1. its two pods are admitted, Running at pod IPs of the agent's range, Ready from their own readiness probes,
-   listed Ready in the Service's EndpointSlice, and answer chat requests at those IPs;
+1. its two pods are admitted, Running at pod IPs of the real node's range, Ready from their own readiness
+   probes, listed Ready in the Service's EndpointSlice, and answer chat requests at those IPs;
 2. deleting a pod under load (preStop, SIGTERM, drain; the other pod takes the load) fails no request, and
-   the old pod's network namespace is gone; then the service goes down to one replica;
+   the kubelet removed the old pod's cgroups; then the service goes down to one replica;
 3. a spec change under load rolls the Deployment (surge, nothing unavailable) and fails no request; so does
    the scheduled restart (spec.restartSchedule) added just before it, and the status shows the next and the
    last restart.
@@ -15,7 +15,8 @@ fail requests, and each rollout starts one engine, not two, beside the one servi
 e2e/test_autoscaling.py's.)
 4. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
    turns Degraded with the runtime's own reason.
-The load is spread over the Ready endpoints of the Service's EndpointSlices, as a Service would.
+The load goes through the Service's ClusterIP (kube-proxy) from clients that keep their connections alive
+and never retry, as a user's would; each replaced pod drains and exits 0 by itself.
 """
 
 from __future__ import annotations
@@ -27,19 +28,23 @@ import httpx
 import pytest
 import yaml
 
-from e2e import podnet
-from e2e.cluster import REAL_NODE, Cluster
+from e2e import realnode
+from e2e.chartenv import ChartOperator
+from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
 from e2e.observability import Load
-from e2e.processes import OperatorProcess, wait_until
+from e2e.processes import wait_until
 from e2e.realpods import (
     ServiceEndpoints,
+    Terminations,
     condition,
+    finished,
     get_json,
     is_real_pod_ip,
     patch_spec,
     pods,
     ready_pods,
+    service_url,
     wait_condition,
 )
 from pagoda.operator.resources.meta import RESTARTED_AT_ANNOTATION
@@ -69,7 +74,7 @@ def wait_ready_replicas(
 
 
 @pytest.fixture(scope="module")
-def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> Iterator[str]:
+def serving(cluster: Cluster, operator: ChartOperator, cluster_api: Any) -> Iterator[str]:
     """The namespace of a Ready two-replica `tiny` service; the namespace enforces `restricted`. Its
     rollout is the default: one pod more during a rollout (maxSurge 1), none unavailable."""
     namespace = "real-pods"
@@ -87,19 +92,19 @@ def serving(cluster: Cluster, operator: OperatorProcess, cluster_api: Any) -> It
         cluster.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
-def served(load: Load, pod: dict[str, Any]) -> int:
-    """Requests of the load that `pod` answered."""
-    address = f"http://{pod['status']['podIP']}:8000"
-    return sum(1 for r in load.records if r.failure is None and r.endpoint == address)
+def served(pod: dict[str, Any]) -> float:
+    """Requests `pod` finished (vLLM's count): the load goes through the Service, which names no pod."""
+    return finished(pod["status"]["podIP"])
 
 
-def under_load(cluster: Cluster, namespace: str) -> tuple[ServiceEndpoints, Load]:
-    endpoints = ServiceEndpoints(cluster, namespace, "tiny")
-    # A light, steady load: requests flow through every transition, and the CPUs (two, here) stay free
-    # enough for the new replicas' engines to start.
-    load = Load(endpoints.pick, "tiny", clients=2, pause=0.25, max_seconds=900).start()
+def under_load(cluster: Cluster, namespace: str) -> Load:
+    """A light, steady load through the Service's ClusterIP (kube-proxy), as a user's clients send it: each
+    client keeps its connection alive and never retries. Requests flow through every transition, and the
+    CPUs (two, here) stay free enough for the new replicas' engines to start."""
+    url = service_url(cluster, namespace, "tiny")
+    load = Load(url, "tiny", clients=2, pause=0.25, max_seconds=900).start()
     wait_until(lambda: load.completed >= 8, "requests to complete under load", timeout=120)
-    return endpoints, load
+    return load
 
 
 def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: str) -> None:
@@ -115,7 +120,7 @@ def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: 
         endpoints.stop()
     for pod in running:
         status = pod["status"]
-        assert pod["spec"]["nodeName"] == REAL_NODE
+        assert pod["spec"]["nodeName"] == realnode.NODE_NAME
         assert status["phase"] == "Running"
         assert is_real_pod_ip(status["podIP"]), status["podIP"]
         [container] = status["containerStatuses"]
@@ -157,28 +162,42 @@ def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: 
 
 
 def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: str) -> None:
-    """The deleted pod drains (preStop, SIGTERM, the runtime's drain) while the other takes the load. Then
-    spec.replicas goes to 1 for the rollouts below: the ReplicaSet removes the replacement the Deployment
-    started, still loading (not Ready pods go first), and the pod that served stays."""
-    victim, survivor = ready_pods(cluster, serving, "tiny")
-    name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
-    endpoints, load = under_load(cluster, serving)
+    """The deleted pod is one that holds kept-alive connections of the load: it drains (preStop, SIGTERM,
+    the runtime serving on with `Connection: close` until its clients moved) while the other takes the load,
+    and its container exits 0 within its grace period. Then spec.replicas goes to 1 for the rollouts below:
+    the ReplicaSet removes the replacement the Deployment started, still loading (not Ready pods go first),
+    and the pod that served stays."""
+    running = ready_pods(cluster, serving, "tiny")
+    before = {p["metadata"]["uid"]: served(p) for p in running}
+    ended = Terminations(cluster, serving, "tiny")
+    load = under_load(cluster, serving)
     try:
+        # kube-proxy spread the clients' connections over the pods: the victim is one that serves some.
+        busy = wait_until(
+            lambda: [p for p in running if served(p) > before[p["metadata"]["uid"]]], "a pod serving the load"
+        )
+        victim = busy[0]
+        (survivor,) = [p for p in running if p["metadata"]["uid"] != victim["metadata"]["uid"]]
+        name, uid = victim["metadata"]["name"], victim["metadata"]["uid"]
         cluster.kubectl("delete", "pod", "-n", serving, name, "--wait=false")
 
         def removed() -> bool:
             selector = f"metadata.name={name}"
             return not get_json(cluster, "-n", serving, "pods", "--field-selector", selector)["items"]
 
-        wait_until(removed, "the deleted pod to be removed", timeout=120, interval=1)
-        done = served(load, survivor)
-        wait_until(lambda: served(load, survivor) >= done + 8, "requests after the deletion", timeout=120)
+        wait_until(removed, "the deleted pod to be removed", timeout=180, interval=1)
+        done = served(survivor)
+        wait_until(lambda: served(survivor) >= done + 8, "requests after the deletion", timeout=120)
+        assert ended.of(uid) == [(0, "Completed")]  # drained and exited by itself, never SIGKILLed
     finally:
         load.stop()
-        endpoints.stop()
+        ended.stop()
     assert load.failures == [], load.failures
-    assert not any(ns.endswith(uid[:8]) for ns in podnet._netns_names())
-    assert served(load, victim) > 0, "the deleted pod took no request of the load"
+    node = cluster.node
+    assert node is not None
+    wait_until(
+        lambda: not realnode.pod_cgroups(node, uid), "the kubelet to remove the pod's cgroups", timeout=60
+    )
 
     patch_spec(cluster, serving, "tiny", {"replicas": 1})
     wait_ready_replicas(cluster, serving, "tiny", 1)
@@ -214,7 +233,8 @@ def test_a_spec_change_and_a_scheduled_restart_roll_under_load_with_no_failed_re
         patch_spec(cluster, serving, "tiny", {"restartSchedule": schedule})
 
     assert stamp() is None
-    endpoints, load = under_load(cluster, serving)
+    ended = Terminations(cluster, serving, "tiny")
+    load = under_load(cluster, serving)
     try:
         set_schedule({"every": "1m"})
         planned = wait_until(lambda: isvc_restarts().get("next"), "status.restarts.next", timeout=60)
@@ -230,16 +250,22 @@ def test_a_spec_change_and_a_scheduled_restart_roll_under_load_with_no_failed_re
         set_schedule(None)  # one restart only: the next would be due as soon as this rollout completes
         wait_ready_replicas(cluster, serving, "tiny", 1)  # the stamped template's pod
         [last] = pods(cluster, serving, "tiny")
-        done = served(load, last)
-        wait_until(lambda: served(load, last) >= done + 4, "requests to the last pod", timeout=120)
+        done = served(last)
+        wait_until(lambda: served(last) >= done + 4, "requests to the last pod", timeout=120)
+
+        # The first pod and the spec change's drained under load and exited by themselves.
+        def both_replaced_ended() -> list[str] | None:
+            uids = [uid for uid in ended.ended if uid != last["metadata"]["uid"]]
+            return uids if len(uids) >= 2 else None
+
+        replaced = wait_until(both_replaced_ended, "both replaced pods to end", timeout=120)
+        assert first["metadata"]["uid"] in replaced and len(replaced) == 2, ended.ended
+        assert all(ended.of(uid) == [(0, "Completed")] for uid in replaced), ended.ended
     finally:
         load.stop()
-        endpoints.stop()
+        ended.stop()
     print(f"Two rollouts under load: completed={load.completed} failed={len(load.failures)}")
     assert load.failures == [], load.failures
-    # The first pod, the spec change's and the restart's each served (pod IPs are not reused at once).
-    assert len({r.endpoint for r in load.records if r.failure is None}) >= 3
-    assert served(load, first) > 0 and served(load, last) > 0
     assert first["metadata"]["uid"] not in {p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")}
     deployment = get_json(cluster, "-n", serving, "deployment", "tiny")
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
@@ -251,7 +277,7 @@ def test_a_spec_change_and_a_scheduled_restart_roll_under_load_with_no_failed_re
 
 
 def test_a_runtime_that_cannot_start_crashes_with_its_reason(
-    cluster: Cluster, operator: OperatorProcess, namespace: str
+    cluster: Cluster, operator: ChartOperator, namespace: str
 ) -> None:
     sample = tiny_sample(namespace, "broken", real_pods=True)
     sample["spec"]["model"]["uri"] = "file:///models/does-not-exist"

@@ -20,32 +20,34 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.chartenv import ChartOperator
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
 from e2e.gateway import UPSTREAM_HEADER, Gateway, start_gateway
 from e2e.observability import Load
-from e2e.processes import OperatorProcess, wait_until
-from e2e.realpods import pods, ready_pods, wait_condition
+from e2e.processes import wait_until
+from e2e.realpods import finished, pods, ready_pods, samples, wait_condition
 from e2e.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 NAMESPACE = "routing"
 NAME = "tiny"
 REPLICAS = 2
-FINISHED = "vllm:request_success_total"  # vLLM's own count of finished requests, per pod
 QUEUE_METRIC = "inference_extension_flow_control_queue_size"
 
 
 @pytest.fixture(scope="module")
-def serving(cluster: Cluster, stack: Stack, operator: OperatorProcess) -> Iterator[str]:
+def serving(cluster: Cluster, stack: Stack, operator: ChartOperator) -> Iterator[str]:
     """A Ready two-replica `tiny` service with spec.routing (the stack installs the InferencePool CRD)."""
     cluster.kubectl("create", "namespace", NAMESPACE)
     sample = tiny_sample(NAMESPACE, NAME, real_pods=True)
     sample["spec"]["replicas"] = REPLICAS
     sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900  # engines start slowly on two shared cores
-    sample["spec"]["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 300}}
+    # Prometheus scrapes the picker through the ServiceMonitor the operator writes for it.
+    sample["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": "2s"}}
+    # The real node has two cores: a small request for the picker (the default is a whole core).
+    sample["spec"]["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 300, "cpu": "250m"}}
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
     try:
         wait_condition(cluster, NAMESPACE, NAME, "Ready", timeout=600)
@@ -67,15 +69,6 @@ def gateway(cluster: Cluster, serving: str) -> Iterator[Gateway]:
         yield running
 
 
-def samples(url: str) -> list[tuple[str, dict[str, str], float]]:
-    text = httpx.get(url, timeout=10).text
-    return [
-        (s.name, dict(s.labels), s.value)
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    ]
-
-
 def picker_value(gateway: Gateway, metric: str, **labels: str) -> float | None:
     found = [
         v
@@ -83,11 +76,6 @@ def picker_value(gateway: Gateway, metric: str, **labels: str) -> float | None:
         if n == metric and labels.items() <= got.items()
     ]
     return sum(found) if found else None
-
-
-def finished(ip: str) -> float:
-    """The pod's count of finished requests, as vLLM counts them."""
-    return sum(v for n, _, v in samples(f"http://{ip}:8000/metrics") if n == FINISHED)
 
 
 def wait_finished(ip: str, count: float) -> None:

@@ -17,10 +17,11 @@ import httpx
 import pytest
 import yaml
 
+from e2e.chartenv import ChartOperator
 from e2e.fixtures import tiny_sample
 from e2e.gateway import start_gateway
 from e2e.observability import PrometheusAt, dashboard, panel_queries
-from e2e.processes import OperatorProcess, wait_until
+from e2e.processes import wait_until
 from e2e.realpods import condition, get_json, isvc, pods
 from e2e.stack import Stack
 from pagoda.operator.resources.scaledobject import picker_queue_query
@@ -47,7 +48,8 @@ def routed_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
         "cooldownPeriod": COOLDOWN_SECONDS,
         "prometheusAddress": prometheus_url,
     }
-    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600}}
+    # The real node has two cores: a small request for the picker (the default is a whole core).
+    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600, "cpu": "250m"}}
     return sample
 
 
@@ -56,9 +58,13 @@ def query_value(prometheus: PrometheusAt, expr: str) -> float | None:
     return float(result[0]["value"][1]) if result else None
 
 
-def deployment_replicas(stack: Stack, namespace: str) -> int:
-    deployment = get_json(stack.cluster, "-n", namespace, "deployment", NAME)
-    return int(deployment["spec"].get("replicas", 1))
+def deployment_replicas(stack: Stack, namespace: str) -> int | None:
+    """The Deployment's spec.replicas; None until the operator has created it."""
+    found = stack.cluster.kubectl("get", "-n", namespace, "deployment", NAME, "-o", "json", check=False)
+    if found.returncode != 0:
+        assert "NotFound" in found.stderr, found.stderr
+        return None
+    return int(json.loads(found.stdout)["spec"].get("replicas", 1))
 
 
 def at_zero(stack: Stack, namespace: str) -> bool:
@@ -109,7 +115,7 @@ class Request:
 
 
 def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
-    stack: Stack, operator: OperatorProcess, namespace: str
+    stack: Stack, operator: ChartOperator, namespace: str
 ) -> None:
     cluster = stack.cluster
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace, stack.prometheus_url)))

@@ -49,6 +49,7 @@ class ServeConfig(BaseModel):
     max_cpu_loras: int | None = Field(default=None, ge=1, le=65_536)
     lora: tuple[str, ...] = ()  # NAME=SOURCE, loaded at start (validated after the limits)
     drain_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)
+    max_connection_age: float = Field(default=30.0, ge=0.0, le=86_400.0)  # 0: never
     cache_dir: str = "/var/cache/pagoda"
     extra_args: tuple[str, ...] = ()
 
@@ -159,6 +160,13 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     lora.add_argument("--max-lora-rank", help=f"highest adapter rank: {'|'.join(map(str, LORA_RANKS))}")
     lora.add_argument("--max-cpu-loras", help="adapters held in memory, the most a replica serves")
     parser.add_argument("--drain-timeout", default="30", help="seconds to finish requests after SIGTERM")
+    parser.add_argument(
+        "--max-connection-age",
+        default="30",
+        help="seconds after which a kept-alive client connection is closed after its next response, so that "
+        "a Service (kube-proxy balances connections, not requests) spreads the load over new replicas; "
+        "0: never",
+    )
     parser.add_argument("--cache-dir", default="/var/cache/pagoda", help="where hf:// and s3:// models go")
 
 

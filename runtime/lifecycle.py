@@ -26,6 +26,10 @@ from pagoda.runtime.lora import parse_lora_flag
 from pagoda.runtime.server import PagodaApp, RuntimeState
 
 KEEP_ALIVE_SECONDS = 65
+# A drain ends once no request came for this long (and none is inside): clients under load send their next
+# request within it, get `Connection: close` and move to another replica.
+DRAIN_QUIET_SECONDS = 2.0
+DRAIN_POLL_SECONDS = 0.1
 log = logging.getLogger("pagoda.runtime")
 WATCHDOG_INTERVAL_S = 1.0
 CHILD_EXIT_TIMEOUT_S = 5.0
@@ -93,7 +97,7 @@ class Runtime:
         self.config = config
         self.vllm_args = vllm_args
         adapters = AdapterManager(config.name, config.cache_dir, config.drain_timeout, config.lora_enabled)
-        self.state = RuntimeState(config.name, adapters)
+        self.state = RuntimeState(config.name, adapters, max_connection_age=config.max_connection_age)
         self.stop = asyncio.Event()
         self.exit_code = 0
         self.started = time.monotonic()
@@ -205,16 +209,24 @@ class Runtime:
                 self.request_stop("engine died", exit_code=1)
 
     async def _drain(self) -> None:
+        """Serves on (each response closing its connection, server.py) until no request is inside and none
+        came for DRAIN_QUIET_SECONDS: by then every client that still had a connection here has been told to
+        reconnect, and new connections go to other replicas. Bounded by --drain-timeout."""
         state = self.state
+        state.drain_deadline = time.monotonic() + self.config.drain_timeout
         state.status.draining = True
         if state.inner is None or state.engine_dead:
             return
         log.info("Started drain in_flight=%d timeout=%.0f", state.in_flight, self.config.drain_timeout)
-        try:
-            await asyncio.wait_for(state.idle.wait(), timeout=self.config.drain_timeout)
-            log.info("Drained requests rejected=%d", state.status.rejected_draining)
-        except TimeoutError:
-            log.warning("Drain timed out in_flight=%d", state.in_flight)
+        while True:
+            now = time.monotonic()
+            if state.in_flight == 0 and now - state.last_request >= DRAIN_QUIET_SECONDS:
+                log.info("Drained requests rejected=%d", state.status.rejected_draining)
+                return
+            if now >= state.drain_deadline:
+                log.warning("Drain timed out in_flight=%d", state.in_flight)
+                return
+            await asyncio.sleep(DRAIN_POLL_SECONDS)
 
     async def _shutdown_engine(self) -> None:
         engine = self.state.engine

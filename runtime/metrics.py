@@ -77,7 +77,9 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
         return family
 
     rejected = CounterMetricFamily(
-        "pagoda_requests_rejected_draining", "Requests answered 503 while draining.", labels=labels
+        "pagoda_requests_rejected_draining",
+        "Requests answered 503 after the drain's deadline.",
+        labels=labels,
     )
     rejected.add_metric(value, status.rejected_draining)
     kv = status.kv_cache

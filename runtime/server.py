@@ -1,14 +1,23 @@
 """The outer ASGI app: Pagoda's probes, metrics and capacity, and a gate in front of vLLM's own app.
 
 The HTTP server starts before the engine. Until the engine is ready every other path answers 503 with
-Retry-After; after that requests go to vLLM's FastAPI app (its OpenAI routes, unchanged). While draining,
-new requests get 503 with Retry-After and the requests already inside are counted until they finish.
+Retry-After; after that requests go to vLLM's FastAPI app (its OpenAI routes, unchanged).
+
+A kept-alive client connection older than --max-connection-age is closed after its next response
+(`Connection: close`): kube-proxy balances connections, not requests, so without this a client that keeps
+its connection would never reach the replicas an autoscaler adds.
+
+While draining (after SIGTERM, lifecycle.py), requests are still served, but every response carries
+`Connection: close`: a client whose kept-alive connection still leads here (kube-proxy keeps a connection on
+the endpoint it was made to, after the endpoint is gone) sends its next request on a new connection, which
+reaches a live replica. Only past the drain's deadline are requests refused, with 503 and Retry-After.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -25,10 +34,46 @@ RETRY_AFTER_LOADING = "5"
 RETRY_AFTER_DRAINING = "1"
 
 
+class ConnectionAges:
+    """When each client connection (the peer's address and port, which identify it while it lives) sent its
+    first request, to close it once it is older than `max_age` seconds (0: never)."""
+
+    PURGE_EVERY = 60.0
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self.first_seen: dict[tuple[str, int], float] = {}
+        self.purged = time.monotonic()
+
+    def expired(self, scope: Scope) -> bool:
+        """Whether the connection `scope` arrived on should close after this response (then forgotten)."""
+        client = scope.get("client")
+        if not self.max_age or not client:
+            return False
+        key = (str(client[0]), int(client[1]))
+        now = time.monotonic()
+        self._purge(now)
+        if now - self.first_seen.setdefault(key, now) < self.max_age:
+            return False
+        del self.first_seen[key]
+        return True
+
+    def _purge(self, now: float) -> None:
+        """Forgets connections the client closed: any entry far older than a connection can stay open idle
+        (the server's keep-alive) after its age ran out. A live one forgotten is only seen as new again."""
+        if now - self.purged < self.PURGE_EVERY:
+            return
+        self.purged = now
+        horizon = now - self.max_age - 2 * self.PURGE_EVERY
+        self.first_seen = {k: t for k, t in self.first_seen.items() if t >= horizon}
+
+
 class RuntimeState:
     """Shared between the ASGI app, the lifecycle and the metrics collector."""
 
-    def __init__(self, model_name: str, adapters: AdapterManager | None = None) -> None:
+    def __init__(
+        self, model_name: str, adapters: AdapterManager | None = None, max_connection_age: float = 0.0
+    ) -> None:
         self.status = metrics.ServerStatus(model_name=model_name)
         self.adapters = adapters
         if adapters is not None and adapters.enabled:
@@ -39,6 +84,9 @@ class RuntimeState:
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
+        self.last_request = 0.0  # monotonic: when the last request to vLLM's app started or ended
+        self.drain_deadline: float | None = None  # monotonic; set with status.draining
+        self.connections = ConnectionAges(max_connection_age)
 
     @property
     def engine_dead(self) -> bool:
@@ -71,6 +119,8 @@ class PagodaApp:
         if kind == "lifespan":
             await self._lifespan(receive, send)
             return
+        if kind == "http" and (self.state.status.draining or self.state.connections.expired(scope)):
+            send = _closing(send)
         path = scope.get("path", "")
         if kind == "http":
             if path == "/livez":
@@ -136,14 +186,14 @@ class PagodaApp:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        if state.status.draining:
+        deadline = state.drain_deadline
+        if state.status.draining and (deadline is None or time.monotonic() >= deadline):
             state.status.rejected_draining += 1
             if scope["type"] == "http":
                 body = openai_error(
                     "The server is draining; retry on another replica.", 503, "ServiceUnavailable"
                 )
-                retry = [(b"retry-after", RETRY_AFTER_DRAINING.encode()), (b"connection", b"close")]
-                await _send_json(send, 503, body, retry)
+                await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_DRAINING.encode())])
             return
         inner = state.inner
         if inner is None:
@@ -153,9 +203,24 @@ class PagodaApp:
             return
         state.in_flight += 1
         state.idle.clear()
+        state.last_request = time.monotonic()
         try:
             await inner(scope, receive, send)
         finally:
             state.in_flight -= 1
+            state.last_request = time.monotonic()
             if state.in_flight == 0:
                 state.idle.set()
+
+
+def _closing(send: Send) -> Send:
+    """`send` with `Connection: close` added to the response's headers: the server closes the connection
+    after this response (uvicorn honours the header), and the client opens a new one for its next request."""
+
+    async def closing_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            headers = [(k, v) for k, v in message.get("headers") or [] if k.lower() != b"connection"]
+            message = {**message, "headers": [*headers, (b"connection", b"close")]}
+        await send(message)
+
+    return closing_send

@@ -38,7 +38,9 @@ class ResourcesSpec(ApiModel):
     """Compute resources of one replica."""
 
     gpu: GpuSpec = Field(description="GPUs per replica (requested as limits).")
-    cpu: Quantity | None = Field(default=None, description="CPU request and limit, e.g. 8 or 8000m.")
+    cpu: Quantity | None = Field(
+        default=None, description="CPU request (no limit: the engine may use idle cores), e.g. 8 or 8000m."
+    )
     memory: Quantity | None = Field(default=None, description="Memory request and limit, e.g. 64Gi.")
     shared_memory_size: Quantity | None = Field(
         default=None,

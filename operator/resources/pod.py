@@ -22,8 +22,23 @@ from .quantity import canonical
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod before SIGTERM arrives
-GRACE_MARGIN_SECONDS = 15  # engine shutdown after the drain
-RUN_AS_USER = 1000
+# After the drain, the runtime (runtime/lifecycle.py) waits up to 15 s for its HTTP server to stop and 30 s
+# for the engine to shut down, then reaps its children: the grace period covers all of it, so the kubelet
+# never needs SIGKILL.
+GRACE_MARGIN_SECONDS = 50
+RUN_AS_USER = 65532  # the runtime images' user (runtime/Dockerfile, runtime/Dockerfile.cpu)
+# The root filesystem is read-only: everything the runtime, vLLM, torch and the Hugging Face libraries write
+# goes to the model cache volume, whatever image runs (a user's own too). A variable the user sets wins.
+WRITABLE_ENV = {
+    "HOME": CACHE_DIR,
+    "TMPDIR": CACHE_DIR,
+    "XDG_CACHE_HOME": f"{CACHE_DIR}/xdg",
+    "VLLM_CACHE_ROOT": f"{CACHE_DIR}/vllm",
+    "HF_HOME": f"{CACHE_DIR}/hf",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/torchinductor",
+    "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
+    "NUMBA_CACHE_DIR": f"{CACHE_DIR}/numba",
+}
 STARTUP_PERIOD_SECONDS = 10
 
 
@@ -76,6 +91,7 @@ def container(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},
             "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "volumeMounts": volume_mounts(spec),
@@ -86,6 +102,8 @@ def container(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
     if runtime.image_pull_policy:
         result["imagePullPolicy"] = runtime.image_pull_policy
     env: list[dict[str, Any]] = [{"name": TERMINATION_MESSAGE_ENV, "value": TERMINATION_MESSAGE_PATH}]
+    own = {var.name for var in runtime.env}
+    env += [{"name": name, "value": value} for name, value in WRITABLE_ENV.items() if name not in own]
     env += [var.model_dump(by_alias=True, exclude_none=True) for var in runtime.env]
     if runtime.api_key_secret:
         ref = runtime.api_key_secret
@@ -113,13 +131,18 @@ def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any
 
 
 def resources(spec: InferenceServiceSpec) -> dict[str, Any]:
-    """Requests equal limits (GPUs cannot be overcommitted; no defaulting diff on the template)."""
-    wanted = {spec.resources.gpu.resource_name: str(spec.resources.gpu.count)}
-    if spec.resources.cpu is not None:
-        wanted["cpu"] = canonical(spec.resources.cpu)
+    """GPUs and memory: requests equal limits (GPUs cannot be overcommitted, and a pod past its memory is
+    killed rather than the node). CPU: a request only, as for the picker: a CFS quota would throttle the
+    engine's bursts (tokenisation, sampling, start-up) while the node has idle cores, and the request alone
+    already decides scheduling and the pod's share under contention. Canonical quantities, so the API
+    server's defaulting leaves the template as written."""
+    limits = {spec.resources.gpu.resource_name: str(spec.resources.gpu.count)}
     if spec.resources.memory is not None:
-        wanted["memory"] = canonical(spec.resources.memory)
-    return {"limits": dict(wanted), "requests": dict(wanted)}
+        limits["memory"] = canonical(spec.resources.memory)
+    requests = dict(limits)
+    if spec.resources.cpu is not None:
+        requests["cpu"] = canonical(spec.resources.cpu)
+    return {"limits": limits, "requests": requests}
 
 
 def tolerations(spec: InferenceServiceSpec) -> list[dict[str, Any]]:

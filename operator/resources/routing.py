@@ -49,9 +49,11 @@ def picker_selector(name: str) -> dict[str, str]:
 
 
 def _picker_metadata(name: str, namespace: str) -> dict[str, Any]:
+    """The picker objects' metadata. Their labels include picker_selector's, so that the picker's
+    ServiceMonitor, which selects Services by those, finds the picker's Service."""
     child_labels = {
         **labels(name),
-        "app.kubernetes.io/name": PICKER_NAME,
+        **picker_selector(name),
         "app.kubernetes.io/component": "endpoint-picker",
     }
     return {"name": picker_name(name), "namespace": namespace, "labels": child_labels}

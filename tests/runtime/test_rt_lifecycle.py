@@ -66,13 +66,17 @@ def test_sigterm_drains_accepted_requests_and_leaves_no_process(tiny_model: Path
             lambda: runtime.get("/readyz").status_code == 503, timeout=5, interval=0.02, what="readyz 503"
         )
         assert runtime.get("/readyz").json() == {"status": "draining"}
+        # A request that still arrives (a kept-alive connection kube-proxy still leads here) is served, and
+        # its connection closed, so that the client's next request reaches another replica.
         late = httpx.post(
-            runtime.url + "/v1/completions", json={"model": "tiny", "prompt": "late"}, timeout=10
+            runtime.url + "/v1/completions",
+            json={"model": "tiny", "prompt": "late", "max_tokens": 4},
+            timeout=120,
         )
-        assert late.status_code == 503 and int(late.headers["retry-after"]) >= 1
-        assert late.json()["error"]["code"] == 503
+        assert late.status_code == 200, late.text
+        assert late.headers["connection"] == "close"
         assert metric(runtime, "pagoda_draining") == 1.0
-        assert metric(runtime, "pagoda_requests_rejected_draining_total") >= 1.0
+        assert metric(runtime, "pagoda_requests_rejected_draining_total") == 0.0
         assert metric(runtime, "pagoda_ready") == 0.0
 
         for t in threads:

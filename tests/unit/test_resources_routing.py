@@ -69,7 +69,13 @@ def test_pool_selects_the_runtime_pods_and_never_the_picker() -> None:
     assert not matches(picker_svc["spec"]["selector"], runtime_pod)
     assert matches(picker_svc["spec"]["selector"], picker_pod)
     runtime_monitor = built[("ServiceMonitor", "tiny")]["spec"]["selector"]["matchLabels"]
+    picker_monitor = built[("ServiceMonitor", "tiny-epp")]["spec"]["selector"]["matchLabels"]
+    assert matches(runtime_monitor, runtime_svc["metadata"]["labels"])
     assert not matches(runtime_monitor, picker_svc["metadata"]["labels"])
+    # A ServiceMonitor selects Services by their labels: the picker's finds the picker's Service (and so its
+    # queue metric reaches Prometheus), never the runtime's.
+    assert matches(picker_monitor, picker_svc["metadata"]["labels"])
+    assert not matches(picker_monitor, runtime_svc["metadata"]["labels"])
     # The picker's pods carry no owner label: the operator's pod watch and status are about runtime pods.
     assert "pagoda.dev/inferenceservice" not in picker_pod
     # Its objects do (the operator finds, watches and prunes them by it).

@@ -59,6 +59,8 @@ def test_operator_style_command_line_is_accepted() -> None:
         (["--block-size", "17"], "--block-size"),
         (["--max-num-seqs", "0"], "--max-num-seqs"),
         (["--drain-timeout", "-3"], "--drain-timeout"),
+        (["--max-connection-age", "-1"], "--max-connection-age"),
+        (["--max-connection-age", "soon"], "--max-connection-age"),
     ],
 )
 def test_invalid_values_name_the_flag(argv: list[str], flag: str) -> None:
