@@ -231,15 +231,15 @@ def _reconcile(
 def desired_state(
     owner: Obj, namespace: str, name: str, default_image: str, restart: restarts.RestartPlan | None = None
 ) -> tuple[list[Obj] | None, list[Problem]]:
-    """The children the spec asks for, with owner references; None and the reason when there are none."""
+    """The children the spec asks for, with owner references; None and the reason when the spec is invalid.
+    Only validation errors are the spec's: anything else a builder raises is a bug, and propagates (the work
+    queue logs it with its traceback and retries with back-off)."""
     try:
         spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
-        stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
-        children = desired_children(name, namespace, spec, default_image, stamps)
     except ValidationError as exc:
         return None, [invalid_spec(exc)]
-    except (ValueError, TypeError, KeyError) as exc:  # a spec the builders cannot turn into objects
-        return None, [Problem("BuildFailed", f"Could not build the child objects: {exc!r}", retry=False)]
+    stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
+    children = desired_children(name, namespace, spec, default_image, stamps)
     return [with_owner(manifest, owner) for manifest in children], []
 
 

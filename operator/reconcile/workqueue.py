@@ -15,6 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from pagoda.operator.reconcile.core import Outcome
+from pagoda.operator.reconcile.kube import KubeError
 
 log = logging.getLogger("pagoda.operator.workqueue")
 Key = tuple[str, str]  # (namespace, name)
@@ -93,6 +94,8 @@ async def work(
                 key[0],
                 delay,
                 str(exc),
+                # An API server's answer says enough; anything else is a bug, shown with its traceback.
+                exc_info=not isinstance(exc, KubeError),
             )
             queue.add_after(key, delay)
         else:

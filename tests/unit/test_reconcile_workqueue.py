@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from pagoda.operator.reconcile.core import Outcome
+from pagoda.operator.reconcile.kube import KubeError
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
 
 
@@ -84,3 +88,36 @@ def test_workers_never_overlap_one_key_and_retry_failures() -> None:
     assert not overlap.is_set()
     assert calls.count("flaky") == 2  # failed once, retried after the 1 s backoff, then succeeded
     assert 1 <= calls.count("a") <= 20
+
+
+@pytest.mark.parametrize(
+    ("error", "traceback"),
+    [(KubeError(503, "ServiceUnavailable", "etcd is down"), False), (KeyError("replicas"), True)],
+)
+def test_a_failed_pass_is_retried_and_a_bug_logged_with_its_traceback(
+    error: Exception, traceback: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An API server's error is logged as it answered; any other exception is a bug in a pass (a builder's,
+    say), logged with its traceback. Both are retried with back-off, never taken for a bad spec."""
+
+    def reconcile(namespace: str, name: str) -> Outcome:
+        raise error
+
+    async def scenario() -> WorkQueue:
+        queue = WorkQueue()
+        executor = ThreadPoolExecutor(max_workers=1)
+        worker = asyncio.create_task(work(queue, reconcile, executor))
+        queue.add(("ns", "a"))
+        async with asyncio.timeout(10):
+            while not queue.failures:  # noqa: ASYNC110 (polls another thread)
+                await asyncio.sleep(0.01)
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+        executor.shutdown()
+        return queue
+
+    with caplog.at_level(logging.WARNING, logger="pagoda.operator"):
+        queue = asyncio.run(scenario())
+    assert queue.failures == {("ns", "a"): 1}
+    [record] = [r for r in caplog.records if r.getMessage().startswith("Failed to reconcile")]
+    assert bool(record.exc_info) is traceback
