@@ -91,7 +91,6 @@ class Cluster:
     urls: dict[str, str] = field(default_factory=dict)  # the add-ons' endpoints, for people
     node: realnode.NodeNetwork | None = None  # the real node's network, when this cluster has one
     _launcher: _procs.Launcher | None = field(default=None, repr=False, compare=False)
-    _prepull: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path, bin_dir: Path | None = None) -> Cluster:
@@ -128,9 +127,6 @@ class Cluster:
             return
         if self.node is not None and "kubelet" in self.pids:
             realnode.drain(self)  # while its kubelet still runs: each pod's preStop, SIGTERM, CNI teardown
-        if self._prepull is not None and self._prepull.poll() is None:
-            self._prepull.terminate()
-            self._prepull.wait(timeout=10)
         own = self._launcher.procs if self._launcher else {}
         kwok = self.pids.get("kwok")
         for name in reversed(list(self.pids)):
@@ -201,12 +197,10 @@ def start_real_node(
     pki: Any,
     timeout: float = 120.0,
 ) -> None:
-    """The registry, then the real node; returns when the node is Ready, with the CPU runtime image being
-    pulled onto it in the background."""
+    """The registry, then the real node; returns when the node is Ready."""
     address = start_registry(cluster, launcher)
     realnode.start(cluster, launcher, network, pki, address, time.monotonic() + timeout)
     cluster.save_state()
-    cluster._prepull = realnode.prepull(cluster, images.runtime_cpu_image())
 
 
 def start(

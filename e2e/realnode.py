@@ -510,26 +510,6 @@ def start(
     return node
 
 
-def prepull(cluster: Any, image: str) -> subprocess.Popen[bytes]:
-    """Starts pulling `image` into the node's containerd (the CRI's `k8s.io` namespace, unpacked for its
-    snapshotter) in the background, as a pre-puller DaemonSet does on a real cluster: the first pod that
-    runs it then finds it there instead of waiting for the pull (the 7 GB runtime image: about a minute).
-    Best effort: a pod that comes first pulls it itself. Log: <workdir>/logs/prepull.log; teardown ends it
-    if it still runs (its command line names the node's folder)."""
-    paths = NodePaths.under(cluster.workdir)
-    argv = [
-        str(cluster.bin_dir / "ctr"),
-        f"--address={paths.containerd_socket}",
-        "--namespace=k8s.io",
-        "images",
-        "pull",
-        f"--hosts-dir={paths.root / 'containerd' / 'certs.d'}",
-        image,
-    ]
-    with open(cluster.workdir / "logs" / "prepull.log", "ab") as log:
-        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-
-
 def _socket_answers(path: Path) -> bool:
     with contextlib.closing(socket.socket(socket.AF_UNIX)) as sock:
         try:
