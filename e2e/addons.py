@@ -157,9 +157,9 @@ def _answers(url: str, context: ssl.SSLContext | None = None) -> bool:
         return False
 
 
-def _listens(port: int) -> bool:
+def _listens(port: int, host: str = "127.0.0.1") -> bool:
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        socket.create_connection((host, port), timeout=1).close()
         return True
     except OSError:
         return False

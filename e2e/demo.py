@@ -11,14 +11,13 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import urllib.request
 
 import yaml
 
 from e2e import cluster as control_plane
-from e2e.processes import free_ports, http_ok, wait_until
+from e2e.realpods import port_forward
 from pagoda.operator.resources.meta import HTTP_PORT
 
 REPO = control_plane.REPO_ROOT
@@ -63,14 +62,8 @@ def apply_sample(cluster: control_plane.Cluster) -> str:
 
 def chat_through_the_service(cluster: control_plane.Cluster, name: str) -> None:
     """`kubectl port-forward svc/NAME`, a chat request through it, the pod's metrics, its `kubectl logs`."""
-    (port,) = free_ports(1)
-    kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", NAMESPACE]
-    forward_args = [*kubectl, "port-forward", f"service/{name}", f"{port}:{HTTP_PORT}"]
-    say(f"kubectl port-forward service/{name} {port}:{HTTP_PORT}")
-    forward = subprocess.Popen(forward_args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: http_ok(f"{base}/readyz"), f"{base}/readyz through the port-forward", timeout=30)
+    say(f"kubectl port-forward service/{name} <a free port>:{HTTP_PORT}")
+    with port_forward(cluster, NAMESPACE, f"service/{name}", HTTP_PORT) as base:
         from openai import OpenAI
 
         client = OpenAI(base_url=f"{base}/v1", api_key="demo")
@@ -85,9 +78,6 @@ def chat_through_the_service(cluster: control_plane.Cluster, name: str) -> None:
         with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
             lines = response.read().decode().splitlines()
         print("\n".join(line for line in lines if line.startswith("pagoda_")))
-    finally:
-        forward.terminate()
-        forward.wait(timeout=10)
     say(f"kubectl logs deployment/{name} --tail=15")
     print(cluster.kubectl("logs", "-n", NAMESPACE, f"deployment/{name}", "--tail=15").stdout)
 

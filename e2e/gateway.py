@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -42,8 +41,9 @@ from typing import TYPE_CHECKING, Any, Self
 import yaml
 
 from e2e import _procs
-from e2e.addons import AddonProcess, _answers, _wait
+from e2e.addons import AddonProcess, _answers, _listens, _wait
 from e2e.processes import free_ports
+from e2e.realpods import condition
 from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT, METRICS_PORT  # the picker's
 
 if TYPE_CHECKING:
@@ -158,8 +158,7 @@ def running_picker(cluster: Cluster, name: str, namespace: str, deadline: float)
     ready = [
         p["status"]["podIP"]
         for p in pods["items"]
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
+        if not p["metadata"].get("deletionTimestamp") and condition(p, "Ready").get("status") == "True"
     ]
     if not ready:
         raise _procs.StartError(f"The picker {namespace}/{ref['name']} has no Ready pod")
@@ -387,17 +386,9 @@ def start_gateway(
         _wait("Envoy's health check of the picker", lambda: picker_healthy_in_envoy(healthy), procs, deadline)
         # The health port can answer SERVING a moment before the ext_proc server listens (seen with a pool at
         # zero replicas: 2.5 s later); a request Envoy sends in between fails with a 500.
-        grpc = (picker.service_ip, GRPC_PORT)
-        _wait("the picker's ext_proc port", lambda: _connects(*grpc), procs, deadline)
+        grpc = picker.service_ip
+        _wait("the picker's ext_proc port", lambda: _listens(GRPC_PORT, grpc), procs, deadline)
     except BaseException:
         gateway.stop()
         raise
     return gateway
-
-
-def _connects(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=2):
-            return True
-    except OSError:
-        return False

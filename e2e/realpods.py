@@ -4,16 +4,19 @@ EndpointSlices, as a Service (kube-proxy) would."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import subprocess
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
 from e2e.cluster import Cluster
 from e2e.podnet import REAL_SUBNETS
-from e2e.processes import wait_until
+from e2e.processes import free_ports, http_ok, wait_until
 from pagoda.operator.resources.meta import HTTP_PORT, OWNER_LABEL
 
 
@@ -91,14 +94,30 @@ def service_url(cluster: Cluster, namespace: str, name: str, timeout: float = 60
     service = get_json(cluster, "-n", namespace, "service", name)
     url = f"http://{service['spec']['clusterIP']}:{HTTP_PORT}"
 
-    def answers() -> bool:
-        try:
-            return httpx.get(f"{url}/readyz", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_until(answers, f"{url}/readyz through the Service", timeout=timeout, interval=0.5)
+    wait_until(
+        lambda: http_ok(f"{url}/readyz"), f"{url}/readyz through the Service", timeout=timeout, interval=0.5
+    )
     return url
+
+
+@contextlib.contextmanager
+def port_forward(cluster: Cluster, namespace: str, target: str, port: int) -> Iterator[str]:
+    """`kubectl port-forward` to `target` (e.g. service/tiny) on a free local port; yields its http:// URL
+    once the runtime's /readyz answers through it."""
+    (local,) = free_ports(1)
+    argv = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", namespace]
+    argv += ["port-forward", "--address=127.0.0.1", target, f"{local}:{port}"]
+    # Its output (a line per connection) is not read: DEVNULL, so that it can never fill a pipe and block.
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        url = f"http://127.0.0.1:{local}"
+        wait_until(
+            lambda: proc.poll() is None and http_ok(f"{url}/readyz") or None, "port-forward", timeout=30
+        )
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 class Terminations:

@@ -8,7 +8,6 @@ node; see docs/local-cluster.md.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import time
@@ -23,9 +22,11 @@ import yaml
 
 from e2e import images, realnode, registry
 from e2e.chartenv import adopt_crd, condition, helm, kubectl_json
-from e2e.cluster import Cluster
+from e2e.cluster import Cluster, install_operator
 from e2e.fixtures import tiny_sample
-from e2e.processes import free_ports, http_ok, wait_until
+from e2e.processes import http_ok, wait_until
+from e2e.realpods import port_forward, service_url
+from pagoda.operator.resources.meta import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
 
@@ -44,30 +45,15 @@ def _node(cluster: Cluster) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The chart, pushed to the local registry and installed from it into a namespace of its own; the
-    operator watches only that namespace. Yields the namespace."""
+def release(cluster: Cluster) -> Iterator[str]:
+    """The chart, as the cluster pushed it to the local registry, installed from there (`helm install
+    oci://...`) into a namespace of its own; the operator watches only that namespace. Yields the
+    namespace."""
     if cluster.node is None:
         pytest.fail("The session's cluster has no real node (e2e/conftest.py starts one).", pytrace=False)
     namespace = f"pagoda-real-{uuid.uuid4().hex[:6]}"
-    chart = registry.push_chart(
-        cluster.urls["registry"], cluster.bin_dir / "helm", tmp_path_factory.mktemp("c")
-    )
     adopt_crd(cluster, RELEASE, namespace)
-    helm(
-        cluster,
-        "install",
-        RELEASE,
-        chart,
-        f"--version={registry.chart_version()}",
-        "--plain-http",
-        f"--namespace={namespace}",
-        "--create-namespace",
-        f"--set=operator.watchNamespace={namespace}",
-        f"--set=operator.runtimeImage={RUNTIME_IMAGE}",
-        "--wait",
-        "--timeout=180s",
-    )
+    install_operator(cluster, RELEASE, namespace, values=(f"operator.watchNamespace={namespace}",))
     try:
         yield namespace
     finally:
@@ -226,37 +212,17 @@ def test_runtime_image_serves_chat_through_its_service(
     status = served["status"]["containerStatuses"][0]
     assert status["image"] == RUNTIME_IMAGE and status["restartCount"] == 0
     assert status["imageID"].endswith(registry.pushed(cluster.workdir)[RUNTIME_IMAGE])
-    service = kubectl_json(cluster, "get", "service", SERVICE, "-n", release)
-    url = f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
     # The pod is Ready; kube-proxy programs its endpoint a moment later (until then the ClusterIP refuses).
-    wait_until(lambda: http_ok(f"{url}/readyz") or None, f"{url}/readyz through kube-proxy", timeout=30)
+    url = service_url(cluster, release, SERVICE, timeout=30)
     code, answer = _chat(url)
     assert code == 200 and answer["choices"][0]["message"]["content"] is not None, answer
-    with port_forward(cluster, release, f"service/{SERVICE}", service["spec"]["ports"][0]["port"]) as local:
+    with port_forward(cluster, release, f"service/{SERVICE}", HTTP_PORT) as local:
         code, answer = _chat(local)
     assert code == 200 and answer["usage"]["completion_tokens"] > 0, answer
     logs = cluster.kubectl("logs", "-n", release, served["metadata"]["name"]).stdout
     assert logs.strip(), "kubectl logs gave nothing for the runtime"
     # The operator's pod template, enforced: the engine served all of that with a read-only root filesystem.
     assert_restricted(cluster, release, served["metadata"]["name"])
-
-
-@contextlib.contextmanager
-def port_forward(cluster: Cluster, namespace: str, target: str, port: int) -> Iterator[str]:
-    """`kubectl port-forward` to `target` on a free local port; yields its http:// URL."""
-    (local,) = free_ports(1)
-    argv = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "-n", namespace]
-    argv += ["port-forward", "--address=127.0.0.1", target, f"{local}:{port}"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url = f"http://127.0.0.1:{local}"
-        wait_until(
-            lambda: proc.poll() is None and http_ok(f"{url}/readyz") or None, "port-forward", timeout=30
-        )
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_make_release_publishes_what_the_chart_installs(cluster: Cluster) -> None:

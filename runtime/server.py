@@ -15,7 +15,6 @@ reaches a live replica. Only past the drain's deadline are requests refused, wit
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -82,8 +81,6 @@ class RuntimeState:
         self.engine: Any = None  # vllm EngineClient once built
         self.engine_registry: Any = None
         self.in_flight = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
         self.last_request = 0.0  # monotonic: when the last request to vLLM's app started or ended
         self.drain_deadline: float | None = None  # monotonic; set with status.draining
         self.connections = ConnectionAges(max_connection_age)
@@ -186,8 +183,8 @@ class PagodaApp:
 
     async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
         state = self.state
-        deadline = state.drain_deadline
-        if state.status.draining and (deadline is None or time.monotonic() >= deadline):
+        deadline = state.drain_deadline  # set when the drain begins
+        if deadline is not None and time.monotonic() >= deadline:
             state.status.rejected_draining += 1
             if scope["type"] == "http":
                 body = openai_error(
@@ -202,15 +199,12 @@ class PagodaApp:
                 await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
             return
         state.in_flight += 1
-        state.idle.clear()
         state.last_request = time.monotonic()
         try:
             await inner(scope, receive, send)
         finally:
             state.in_flight -= 1
             state.last_request = time.monotonic()
-            if state.in_flight == 0:
-                state.idle.set()
 
 
 def _closing(send: Send) -> Send:
