@@ -1,7 +1,8 @@
 """Maps the repository's top-level folders onto the `pagoda` import namespace.
 
-`operator/` becomes `pagoda.operator` and `runtime/` becomes `pagoda.runtime`; see DESIGN.md for why
-`operator/` must never be importable as a top-level package. Everything else lives in pyproject.toml.
+`operator/` becomes `pagoda.operator` and `runtime/` becomes `pagoda.runtime`; see
+docs/design/2026-11-29-package-layout.md for why `operator/` must never be importable as a top-level
+package. Everything else lives in pyproject.toml.
 """
 
 from setuptools import find_namespace_packages, setup
