@@ -53,7 +53,7 @@ from e2e.fixtures import tiny_sample  # noqa: E402
 from e2e.gateway import start_gateway  # noqa: E402
 from e2e.realpods import ready_pods, wait_condition  # noqa: E402
 from e2e.stack import run_operator  # noqa: E402
-from pagoda.operator.resources.meta import HTTP_PORT  # noqa: E402
+from pagoda.runtime.contract import HTTP_PORT  # noqa: E402
 
 NAME, NAMESPACE = "bench", "bench-routing"
 REPLICAS = 3

@@ -18,7 +18,7 @@ import yaml
 
 from e2e import cluster as control_plane
 from e2e.realpods import port_forward
-from pagoda.operator.resources.meta import HTTP_PORT
+from pagoda.runtime.contract import HTTP_PORT
 
 REPO = control_plane.REPO_ROOT
 DEV = control_plane.DEV_DIR

@@ -17,7 +17,8 @@ import httpx
 from e2e.cluster import Cluster
 from e2e.podnet import REAL_SUBNETS
 from e2e.processes import free_ports, http_ok, wait_until
-from pagoda.operator.resources.meta import HTTP_PORT, OWNER_LABEL
+from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.runtime.contract import HTTP_PORT
 
 
 def get_json(cluster: Cluster, *args: str) -> Any:

@@ -26,7 +26,7 @@ from e2e.cluster import Cluster, install_operator
 from e2e.fixtures import tiny_sample
 from e2e.processes import http_ok, wait_until
 from e2e.realpods import port_forward, service_url
-from pagoda.operator.resources.meta import HTTP_PORT
+from pagoda.runtime.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
 

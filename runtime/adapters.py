@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pagoda.runtime import sources
+from pagoda.runtime import contract, sources
 from pagoda.runtime.lora import (
     AdapterError,
     AdapterFiles,
@@ -38,7 +38,7 @@ from pagoda.runtime.lora import (
 )
 
 log = logging.getLogger("pagoda.runtime.adapters")
-PATH = "/v1/pagoda/adapters"
+PATH = contract.ADAPTERS_PATH
 LOADING, LOADED, UNLOADING, FAILED = "Loading", "Loaded", "Unloading", "Failed"
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-PATH = "/v1/pagoda/capacity"
+from pagoda.runtime import contract
+
+PATH = contract.CAPACITY_PATH
 
 
 @dataclass(frozen=True)

@@ -7,16 +7,14 @@ the process exits with status 2, like argparse does for a flag it cannot parse.
 from __future__ import annotations
 
 import argparse
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from pagoda.runtime import vllmflags
+from pagoda.runtime import contract, vllmflags
 from pagoda.runtime.lora import AdapterError, parse_lora_flag
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri
 
-BLOCK_SIZES = (8, 16, 32, 64, 128)
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's MaxLoRARanks
+BLOCK_SIZES, LORA_RANKS = contract.BLOCK_SIZES, contract.LORA_RANKS
 
 
 class ConfigError(ValueError):
@@ -34,9 +32,9 @@ class ServeConfig(BaseModel):
     served_model_name: str | None = Field(default=None, min_length=1, max_length=256)
     revision: str | None = Field(default=None, min_length=1)
     host: str = "0.0.0.0"
-    port: int = Field(default=8000, ge=1, le=65535)
-    dtype: Literal["auto", "float16", "bfloat16", "float32"] = "auto"
-    quantization: Literal["awq", "gptq", "fp8"] | None = None
+    port: int = Field(default=contract.HTTP_PORT, ge=1, le=65535)
+    dtype: contract.Dtype = "auto"
+    quantization: contract.Quantization | None = None
     tensor_parallel_size: int = Field(default=1, ge=1, le=64)
     max_model_len: int | None = Field(default=None, ge=16, le=10_000_000)
     gpu_memory_utilization: float = Field(default=0.9, gt=0.0, le=1.0)
@@ -50,7 +48,7 @@ class ServeConfig(BaseModel):
     lora: tuple[str, ...] = ()  # NAME=SOURCE, loaded at start (validated after the limits)
     drain_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)
     max_connection_age: float = Field(default=30.0, ge=0.0, le=86_400.0)  # 0: never
-    cache_dir: str = "/var/cache/pagoda"
+    cache_dir: str = contract.CACHE_DIR
     extra_args: tuple[str, ...] = ()
 
     @field_validator("model")
@@ -130,18 +128,24 @@ class ServeConfig(BaseModel):
         return self.served_model_name or parse_model_uri(self.model).default_name
 
 
+def _default(field: str) -> str:
+    """ServeConfig's default of `field`, for a flag's help: the defaults are stated once, in the model."""
+    return f"default: {ServeConfig.model_fields[field].default}"
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
-    """Flags are parsed as strings here; pydantic does every type and range check."""
+    """Flags are parsed as strings here, without defaults (a flag not given is left to ServeConfig's
+    default); pydantic does every type and range check."""
     parser.add_argument("--model", required=True, help="model URI: file://, pvc://, hf:// or s3://")
     parser.add_argument("--served-model-name", help="name clients use (default: last part of the URI)")
     parser.add_argument("--revision", help="hub revision (branch, tag or commit) for hf:// models")
-    parser.add_argument("--host", default="0.0.0.0")
-    parser.add_argument("--port", default="8000")
-    parser.add_argument("--dtype", default="auto", help="auto|float16|bfloat16|float32")
-    parser.add_argument("--quantization", help="awq|gptq|fp8")
-    parser.add_argument("--tensor-parallel-size", default="1")
+    parser.add_argument("--host", help=_default("host"))
+    parser.add_argument("--port", help=_default("port"))
+    parser.add_argument("--dtype", help=f"{'|'.join(contract.DTYPES)} ({_default('dtype')})")
+    parser.add_argument("--quantization", help="|".join(contract.QUANTIZATIONS))
+    parser.add_argument("--tensor-parallel-size", help=_default("tensor_parallel_size"))
     parser.add_argument("--max-model-len")
-    parser.add_argument("--gpu-memory-utilization", default="0.9")
+    parser.add_argument("--gpu-memory-utilization", help=_default("gpu_memory_utilization"))
     parser.add_argument("--block-size")
     prefix = parser.add_mutually_exclusive_group()
     prefix.add_argument(
@@ -159,15 +163,16 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     lora.add_argument("--max-loras", help="adapters in one batch (vLLM's --max-loras, default 1)")
     lora.add_argument("--max-lora-rank", help=f"highest adapter rank: {'|'.join(map(str, LORA_RANKS))}")
     lora.add_argument("--max-cpu-loras", help="adapters held in memory, the most a replica serves")
-    parser.add_argument("--drain-timeout", default="30", help="seconds to finish requests after SIGTERM")
+    parser.add_argument(
+        "--drain-timeout", help=f"seconds to finish requests after SIGTERM ({_default('drain_timeout')})"
+    )
     parser.add_argument(
         "--max-connection-age",
-        default="30",
         help="seconds after which a kept-alive client connection is closed after its next response, so that "
         "a Service (kube-proxy balances connections, not requests) spreads the load over new replicas; "
-        "0: never",
+        f"0: never ({_default('max_connection_age')})",
     )
-    parser.add_argument("--cache-dir", default="/var/cache/pagoda", help="where hf:// and s3:// models go")
+    parser.add_argument("--cache-dir", help=f"where hf:// and s3:// models go ({_default('cache_dir')})")
 
 
 def config_from_args(ns: argparse.Namespace, extra_args: list[str]) -> ServeConfig:

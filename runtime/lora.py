@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pagoda.runtime import contract
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri
 
 # Adapter names (what clients send as `model`): short, and usable in Kubernetes names and label values.
-NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+NAME = re.compile(contract.ADAPTER_NAME_PATTERN)
 CONFIG_FILE = "adapter_config.json"
 PEFT_PREFIX = "base_model.model."
 

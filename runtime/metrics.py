@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pagoda.runtime import contract
 from pagoda.runtime.capacity import KvCacheCapacity
 from pagoda.runtime.lora import AdapterTracker
 
@@ -84,9 +85,9 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
     rejected.add_metric(value, status.rejected_draining)
     kv = status.kv_cache
     return [
-        gauge("pagoda_queue_depth", "Requests waiting in the engine's queue.", gauges.waiting),
-        gauge("pagoda_running_requests", "Requests the engine is running.", gauges.running),
-        gauge("pagoda_kv_cache_usage_ratio", "KV-cache usage, 0 to 1.", gauges.kv_usage),
+        gauge(contract.QUEUE_DEPTH_METRIC, "Requests waiting in the engine's queue.", gauges.waiting),
+        gauge(contract.RUNNING_REQUESTS_METRIC, "Requests the engine is running.", gauges.running),
+        gauge(contract.KV_CACHE_USAGE_METRIC, "KV-cache usage, 0 to 1.", gauges.kv_usage),
         gauge("pagoda_ready", "1 when the model is loaded and the pod is not draining.", float(status.ready)),
         gauge("pagoda_draining", "1 after SIGTERM, while requests drain.", float(status.draining)),
         gauge("pagoda_model_load_seconds", "Seconds from start to engine ready.", status.model_load_seconds),

@@ -23,12 +23,14 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from pagoda.runtime import contract
+
 log = logging.getLogger("pagoda.runtime.sources")
 
-PVC_ROOT_DEFAULT = "/mnt/models"
+PVC_ROOT_DEFAULT = contract.MODELS_DIR
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HF_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+_BUCKET = re.compile(rf"^{contract.S3_BUCKET_PATTERN}$")
 S3_ENDPOINT_DEFAULT = "https://s3.amazonaws.com"
 # S3 error codes that mean the credentials are wrong or not allowed to read the bucket.
 _S3_AUTH_CODES = {

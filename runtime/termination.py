@@ -16,11 +16,12 @@ import os
 import re
 from dataclasses import dataclass
 
+from pagoda.runtime import contract
 from pagoda.runtime.enginefailure import EngineFailure
 
 log = logging.getLogger("pagoda.runtime")
 
-PATH_ENV = "PAGODA_TERMINATION_MESSAGE_PATH"
+PATH_ENV = contract.TERMINATION_MESSAGE_ENV
 MAX_BYTES = 4096  # what the kubelet keeps of a termination message
 MAX_DETAIL_CHARS = 1500  # of an error text quoted from vLLM
 

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator
+
+from pagoda.runtime import contract
 
 from .base import ApiModel
 from .rules import ENGINE_RULES, MSG_EXTRA_ARGS, MSG_GPU_MEMORY, OWNED_FLAG_PATTERN, validations
 
-Dtype = Literal["auto", "float16", "bfloat16", "float32"]
-Quantization = Literal["none", "awq", "gptq", "fp8"]
+# The spec's "none" beside the runtime's methods (it gives no --quantization then).
+if TYPE_CHECKING:
+    Quantization = str
+else:
+    Quantization = Literal[("none", *contract.QUANTIZATIONS)]
 
 
 class EngineSpec(ApiModel):
@@ -19,7 +24,7 @@ class EngineSpec(ApiModel):
 
     model_config = ConfigDict(json_schema_extra=validations(ENGINE_RULES))
 
-    dtype: Dtype = Field(default="auto", description="Weight and activation dtype (--dtype).")
+    dtype: contract.Dtype = Field(default="auto", description="Weight and activation dtype (--dtype).")
     quantization: Quantization = Field(
         default="none",
         description="Quantization method of the weights (--quantization); none for full precision.",
@@ -42,7 +47,7 @@ class EngineSpec(ApiModel):
         description="Fraction of each GPU's memory vLLM may use for weights and KV cache, in (0, 1] "
         "(--gpu-memory-utilization).",
     )
-    block_size: Literal[8, 16, 32, 64, 128] = Field(
+    block_size: contract.BlockSize = Field(
         default=16, description="KV-cache block size in tokens for PagedAttention (--block-size)."
     )
     enable_prefix_caching: bool = Field(

@@ -9,13 +9,13 @@ removing one restarts nothing.
 from __future__ import annotations
 
 import re
-from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from pagoda.runtime import contract
+
 from .base import ApiModel
 from .rules import (
-    ADAPTER_NAME_PATTERN,
     ADAPTER_RULES,
     LORA_RULES,
     MSG_ADAPTER_REVISION,
@@ -26,8 +26,7 @@ from .rules import (
     validations,
 )
 
-# vLLM's MaxLoRARanks (runtime/config.py LORA_RANKS).
-LoraRank = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+LoraRank = contract.LoraRank  # vLLM's MaxLoRARanks
 MAX_ADAPTERS = 64
 
 
@@ -39,7 +38,7 @@ class LoraAdapter(ApiModel):
     name: str = Field(
         min_length=1,
         max_length=63,
-        pattern=ADAPTER_NAME_PATTERN,
+        pattern=contract.ADAPTER_NAME_PATTERN,
         description="Model name clients send as `model`: 1-63 letters, digits, '.', '_' or '-', starting "
         "and ending with a letter or digit; not the base model's served name.",
     )
@@ -47,7 +46,8 @@ class LoraAdapter(ApiModel):
         max_length=2048,
         description="Where the adapter is, with the base model's schemes and credentials "
         "(spec.model.credentialsSecret): hf://org/name, s3://bucket/path, pvc://claim/path (the claim is "
-        "mounted read-only at /mnt/models/<claim>) or file:///path. Changing it replaces the adapter in "
+        f"mounted read-only at {contract.MODELS_DIR}/<claim>) or file:///path. Changing it replaces the "
+        "adapter in "
         "each replica without a gap.",
     )
     revision: str | None = Field(

@@ -6,6 +6,8 @@ import re
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from pagoda.runtime.contract import MODELS_DIR
+
 from .base import ApiModel, ObjectName, Quantity
 from .rules import (
     CACHE_RULES,
@@ -56,7 +58,7 @@ class ModelSource(ApiModel):
     uri: str = Field(
         max_length=2048,
         description="Where the weights are: hf://org/name (Hugging Face hub), s3://bucket/path, "
-        "pvc://claim/path (mounted read-only at /mnt/models/<claim>) or file:///path (inside the image).",
+        f"pvc://claim/path (mounted read-only at {MODELS_DIR}/<claim>) or file:///path (inside the image).",
     )
     served_name: str | None = Field(
         default=None,

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from pydantic import JsonValue
 
+from pagoda.runtime.contract import S3_BUCKET_PATTERN
 from pagoda.runtime.vllmflags import OWNED_FLAGS, owned_flag_pattern
 
 JsonDict = dict[str, JsonValue]
 
 _HF = r"hf://[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?/?"
-_S3 = r"s3://[a-z0-9][-.a-z0-9]{1,61}[a-z0-9]/.*[^/].*"
+_S3 = rf"s3://{S3_BUCKET_PATTERN}/.*[^/].*"
 _PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?"
 URI_PATTERN = rf"^({_HF}|{_S3}|{_PVC}|file:///.*)$"
 # Flags the runtime sets itself, in any spelling vLLM accepts: vLLM must not get them again in extraArgs.
@@ -71,8 +72,6 @@ MSG_RESTART_WINDOW = "spec.restartSchedule.window: start and end must differ"
 # the digit limits keep every value inside Go's duration range, so the rule below never fails to evaluate.
 RESTART_EVERY_PATTERN = r"^([0-9]{1,4}h([0-9]{1,6}m)?([0-9]{1,8}s)?|[0-9]{1,6}m([0-9]{1,8}s)?|[0-9]{1,8}s)$"
 RESTART_EVERY_MIN, RESTART_EVERY_MAX = "1m", "720h"
-# Adapter names as the runtime takes them (runtime/lora.py NAME).
-ADAPTER_NAME_PATTERN = r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 MSG_ADAPTER_URI = (
     "spec.lora.adapters[].uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or "
     "file:///path"

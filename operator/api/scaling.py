@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from pagoda.runtime.contract import KV_CACHE_USAGE_METRIC, QUEUE_DEPTH_METRIC, RUNNING_REQUESTS_METRIC
+
 from .base import ApiModel
 from .rules import (
     AUTOSCALING_RULES,
@@ -30,7 +32,7 @@ class KvCacheTrigger(ApiModel):
     model_config = ConfigDict(json_schema_extra=validations(KV_TRIGGER_RULES))
 
     target_ratio: float = Field(
-        description="KV-cache usage ratio in (0, 1] (max over replicas of pagoda_kv_cache_usage_ratio) "
+        description=f"KV-cache usage ratio in (0, 1] (max over replicas of {KV_CACHE_USAGE_METRIC}) "
         "to scale at."
     )
 
@@ -59,8 +61,8 @@ class AutoscalingSpec(ApiModel):
     metric: ScalingMetric | None = Field(
         default=None,
         description="What the main trigger measures, per replica: InFlight, the requests the engine is "
-        "running plus those waiting (pagoda_running_requests + pagoda_queue_depth), or QueueDepth, the "
-        "waiting ones only (pagoda_queue_depth; with continuous batching it rises only once the batch, "
+        f"running plus those waiting ({RUNNING_REQUESTS_METRIC} + {QUEUE_DEPTH_METRIC}), or QueueDepth, the "
+        f"waiting ones only ({QUEUE_DEPTH_METRIC}; with continuous batching it rises only once the batch, "
         "engine.maxNumSeqs, is full, after latency has already grown). Default: InFlight, or QueueDepth "
         "when only targetQueueDepth is set.",
     )
@@ -76,8 +78,8 @@ class AutoscalingSpec(ApiModel):
         default=None,
         ge=1,
         le=100_000,
-        description="Waiting requests per replica (pagoda_queue_depth) to aim for, with metric QueueDepth. "
-        f"Default: {DEFAULT_TARGET_QUEUE_DEPTH}.",
+        description=f"Waiting requests per replica ({QUEUE_DEPTH_METRIC}) to aim for, with metric "
+        f"QueueDepth. Default: {DEFAULT_TARGET_QUEUE_DEPTH}.",
     )
     kv_cache_usage: KvCacheTrigger | None = Field(
         default=None, description="Optional second trigger on KV-cache usage."

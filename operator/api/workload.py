@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from pagoda.runtime.contract import HTTP_PORT, PORT_NAME
+
 from .base import ApiModel, IntOrPercent, ObjectName, Quantity
 from .rules import ENV_RULES, MSG_SECRET_ENV, SECRET_ENV_NAMES, validations
 
@@ -156,7 +158,7 @@ class RuntimeSpec(ApiModel):
 class ServiceSpec(ApiModel):
     """The Service in front of the replicas."""
 
-    port: int = Field(default=8000, ge=1, le=65535, description="Service port (named http).")
+    port: int = Field(default=HTTP_PORT, ge=1, le=65535, description=f"Service port (named {PORT_NAME}).")
     type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
         default="ClusterIP", description="Service type."
     )

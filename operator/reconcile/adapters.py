@@ -33,13 +33,12 @@ from pydantic import ValidationError
 from pagoda.operator.api import InferenceServiceSpec, SecretKeyRef
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
-from pagoda.operator.resources.meta import HTTP_PORT
+from pagoda.runtime.contract import ADAPTERS_PATH, HTTP_PORT
 
 Obj = dict[str, Any]
 # (method, url, JSON body or None, API key or None, timeout) -> (HTTP status, JSON body); raises OSError when
 # the pod cannot be reached or does not answer in time.
 Request = Callable[[str, str, Obj | None, str | None, float], tuple[int, Obj]]
-ADAPTERS_PATH = "/v1/pagoda/adapters"
 MESSAGE_MAX = 1024
 # What a call to a pod can raise: unreachable, timed out, a connection closed mid-answer, bad JSON.
 CALL_FAILED = (OSError, ValueError, http.client.HTTPException)

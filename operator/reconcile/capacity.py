@@ -20,11 +20,10 @@ from collections.abc import Callable
 from typing import Any
 
 from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
-from pagoda.operator.resources.meta import HTTP_PORT
+from pagoda.runtime.contract import CAPACITY_PATH, HTTP_PORT
 
 Obj = dict[str, Any]
 Fetch = Callable[[str, float], Obj]
-CAPACITY_PATH = "/v1/pagoda/capacity"
 
 
 def http_fetch(url: str, timeout: float) -> Obj:

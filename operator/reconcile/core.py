@@ -107,7 +107,8 @@ class Pass:
         log.info("%s %s name=%s namespace=%s", verb, kind, child, self.namespace)
 
     def record_changes(self) -> None:
-        """One Event on the owner naming every child this pass created, updated or deleted (docs/operator.md#events)."""
+        """One Event on the owner naming every child this pass created, updated or deleted
+        (docs/operator.md#events)."""
         if self.changes:
             reason, message = events.changes_event(self.changes)
             self.event("Normal", reason, message)

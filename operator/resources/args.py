@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from pagoda.operator.api import InferenceServiceSpec
-
-from .meta import CACHE_DIR, HTTP_PORT
+from pagoda.runtime.contract import CACHE_DIR, HTTP_PORT
 
 COMMAND = ["pagoda-runtime"]
 

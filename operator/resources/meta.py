@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+# The container's side of the operator-runtime contract (runtime/contract.py), re-exported for the builders.
+
 APP_NAME = "pagoda-runtime"
 # app.kubernetes.io/managed-by on every child and pod: the operator's watches select on it.
 MANAGED_BY = "pagoda-operator"
@@ -18,14 +20,6 @@ FIELD_MANAGER = "pagoda-operator"
 RESTARTED_AT_ANNOTATION = "pagoda.dev/restartedAt"
 RESTART_SCHEDULE_SINCE_ANNOTATION = "pagoda.dev/restartScheduleSince"
 CONTAINER_NAME = "runtime"
-HTTP_PORT = 8000
-PORT_NAME = "http"
-CACHE_DIR = "/var/cache/pagoda"
-MODELS_DIR = "/mnt/models"
-# Where the runtime writes why it could not start (Kubernetes' default path); the kubelet copies it into
-# the pod's lastState.terminated.message and the operator into the Degraded condition.
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"
-TERMINATION_MESSAGE_ENV = "PAGODA_TERMINATION_MESSAGE_PATH"
 
 
 def labels(name: str) -> dict[str, str]:

@@ -5,18 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
-
-from .args import COMMAND, runtime_args
-from .meta import (
+from pagoda.runtime.contract import (
     CACHE_DIR,
-    CONTAINER_NAME,
     HTTP_PORT,
     MODELS_DIR,
     PORT_NAME,
     TERMINATION_MESSAGE_ENV,
     TERMINATION_MESSAGE_PATH,
-    labels,
 )
+
+from .args import COMMAND, runtime_args
+from .meta import CONTAINER_NAME, labels
 from .quantity import canonical
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"

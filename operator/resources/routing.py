@@ -15,8 +15,9 @@ from typing import Any
 import yaml
 
 from pagoda.operator.api import InferenceServiceSpec, RoutingSpec, ServiceMonitorSpec
+from pagoda.runtime.contract import HTTP_PORT
 
-from .meta import HTTP_PORT, labels, metadata, selector
+from .meta import labels, metadata, selector
 from .quantity import canonical
 
 PICKER_NAME = "pagoda-endpoint-picker"

@@ -6,6 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.operator.api import AutoscalingSpec
+from pagoda.runtime.contract import (
+    KV_CACHE_USAGE_METRIC,
+    QUEUE_DEPTH_METRIC,
+    RUNNING_REQUESTS_METRIC,
+)
 
 from .meta import metadata
 from .routing import QUEUE_METRIC
@@ -18,18 +23,18 @@ def _series(metric: str, name: str, namespace: str) -> str:
 
 def in_flight_query(name: str, namespace: str) -> str:
     """Requests running plus waiting, summed over the pods."""
-    running = _series("pagoda_running_requests", name, namespace)
-    waiting = _series("pagoda_queue_depth", name, namespace)
+    running = _series(RUNNING_REQUESTS_METRIC, name, namespace)
+    waiting = _series(QUEUE_DEPTH_METRIC, name, namespace)
     return f"sum({running}) + sum({waiting})"
 
 
 def queue_depth_query(name: str, namespace: str) -> str:
     """Requests waiting for a place in the batch, summed over the pods."""
-    return f"sum({_series('pagoda_queue_depth', name, namespace)})"
+    return f"sum({_series(QUEUE_DEPTH_METRIC, name, namespace)})"
 
 
 def kv_cache_query(name: str, namespace: str) -> str:
-    return f"max({_series('pagoda_kv_cache_usage_ratio', name, namespace)})"
+    return f"max({_series(KV_CACHE_USAGE_METRIC, name, namespace)})"
 
 
 def picker_queue_query(name: str, namespace: str) -> str:

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
+from pagoda.runtime.contract import PORT_NAME
 
-from .meta import PORT_NAME, metadata, selector
+from .meta import metadata, selector
 
 
 def service(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:

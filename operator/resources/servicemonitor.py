@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.operator.api import ServiceMonitorSpec
+from pagoda.runtime.contract import PORT_NAME
 
-from .meta import PORT_NAME, labels, metadata, selector
+from .meta import labels, metadata, selector
 
 
 def service_monitor(name: str, namespace: str, monitor: ServiceMonitorSpec) -> dict[str, Any]:

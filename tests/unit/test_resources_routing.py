@@ -14,8 +14,8 @@ from pagoda.operator.reconcile.kube import KubeError
 from pagoda.operator.reconcile.problems import apply_problem
 from pagoda.operator.reconcile.status import ready_condition
 from pagoda.operator.resources import desired_children, labels, selector
-from pagoda.operator.resources.meta import HTTP_PORT
 from pagoda.operator.resources.routing import CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ANNOTATION, QUEUE_METRIC
+from pagoda.runtime.contract import HTTP_PORT
 
 BASE: dict[str, Any] = {
     "model": {"uri": "file:///models/tiny", "servedName": "tiny"},
