@@ -11,9 +11,9 @@ from typing import Any
 import yaml
 
 from e2e._procs import FAKE_NODE_ANNOTATION, Launcher, wait_until
+from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
 GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 def request(api: Any, method: str, path: str, body: Any = None) -> tuple[int, Any]:

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import quote
 
 import yaml
+from kubernetes.utils.quantity import parse_quantity
 
 from e2e import _objects
 from e2e.cluster import Cluster
@@ -209,7 +210,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def _quantity(value: str) -> float:
     """A Kubernetes quantity as KEDA's adapter writes metric values (`12`, `3500m`)."""
-    return float(value[:-1]) / 1000 if value.endswith("m") else float(value)
+    return float(parse_quantity(value))  # type: ignore[no-untyped-call]
 
 
 def run_scenario(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pagoda.operator.reconcile.pods import PodIssue
+from pagoda.operator.reconcile.pods import PodIssue, clip
 
 Obj = dict[str, Any]
 _FORBIDDEN = re.compile(r'^pods? "[^"]*" is forbidden: ', re.IGNORECASE)
@@ -23,7 +23,6 @@ _FAILED_QUOTA = re.compile(r"failed quota: ([^:]+): (.*)", re.DOTALL)
 _WEBHOOK = re.compile(r'admission webhook "([^"]+)" denied the request: (.*)', re.DOTALL)
 _POD_SECURITY = re.compile(r'violates PodSecurity "([^"]+)": (.*)', re.DOTALL)
 _LIMIT_RANGE = re.compile(r"(maximum|minimum) \S+ usage per (Container|Pod) is|must be less than or equal to")
-MAX_DETAIL_CHARS = 2000
 WHERE = "the API server refuses to create the pods"
 
 
@@ -65,24 +64,19 @@ def replica_failure_issue(condition: Obj, spec: Obj | None = None) -> PodIssue:
         found = pattern.search(detail)
         if found is not None:
             text = template.format(
-                name=found.group(1).strip(), detail=_clip(found.group(2)), scale=_scale_field(spec or {})
+                name=found.group(1).strip(), detail=clip(found.group(2)), scale=_scale_field(spec or {})
             )
             return PodIssue(reason, f"{WHERE}: {text}")
     if _LIMIT_RANGE.search(detail):
         return PodIssue(
             "AdmissionRejected",
-            f"{WHERE}: a LimitRange of the namespace refuses them ({_clip(detail)}); change "
+            f"{WHERE}: a LimitRange of the namespace refuses them ({clip(detail)}); change "
             "spec.resources to fit it, or the LimitRange (`kubectl describe limitrange`)",
         )
     if detail != message or "forbidden" in message.lower():
-        return PodIssue("AdmissionRejected", f"{WHERE}: {_clip(detail)}; change what the message names")
+        return PodIssue("AdmissionRejected", f"{WHERE}: {clip(detail)}; change what the message names")
     return PodIssue(str(condition.get("reason") or "ReplicaFailure"), message)
 
 
 def _scale_field(spec: Obj) -> str:
     return "spec.autoscaling.maxReplicas" if spec.get("autoscaling") else "spec.replicas"
-
-
-def _clip(text: str) -> str:
-    text = text.strip()
-    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."

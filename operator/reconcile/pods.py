@@ -101,7 +101,7 @@ def container_issue(
     waiting = state.get("waiting") or {}
     waiting_reason = str(waiting.get("reason") or "")
     if waiting_reason in _WAITING_HINTS:
-        detail = _clip(str(waiting.get("message") or waiting_reason))
+        detail = clip(str(waiting.get("message") or waiting_reason))
         return PodIssue(
             waiting_reason,
             f"pod {pod} container {name} cannot start: {detail}; {_WAITING_HINTS[waiting_reason]}",
@@ -137,10 +137,10 @@ def crash_issue(
     message = str(terminated.get("message") or "").strip()
     reason, text = termination_reason(message)
     if reason is not None:
-        return PodIssue(reason, f"{where}: {_clip(text)} ({facts})")
+        return PodIssue(reason, f"{where}: {clip(text)} ({facts})")
     if startup is not None and _stopped_at_startup_deadline(terminated, startup):
         return startup_issue(pod, container, startup, restarts, facts)
-    said = f"; last output: {_clip(_last_lines(message))}" if message else ""
+    said = f"; last output: {clip(_last_lines(message))}" if message else ""
     return PodIssue(
         "RuntimeCrashLoop",
         f"{where} keeps exiting ({facts}) without a termination message{said}; "
@@ -221,6 +221,8 @@ def _last_lines(text: str, count: int = 3) -> str:
     return " | ".join(line.strip() for line in text.splitlines()[-count:] if line.strip())
 
 
-def _clip(text: str) -> str:
+def clip(text: str) -> str:
+    """`text` on one line (runs of whitespace as one space), at most MAX_DETAIL_CHARS long: for quoting a
+    message from the cluster in a condition."""
     text = " ".join(text.split())
     return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."

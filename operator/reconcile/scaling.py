@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from pagoda.operator.resources import quantity
+from kubernetes.utils.quantity import parse_quantity
 
 Obj = dict[str, Any]
 HPA_KIND = ("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers")
@@ -61,9 +61,10 @@ def _quantity(text: Any) -> Decimal | None:
     if text is None:
         return None
     try:
-        return quantity.parse(str(text))[0]
+        parsed: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]
     except ValueError:
         return None
+    return parsed
 
 
 def trigger_values(hpa: Obj, scaled_object: Obj | None) -> list[TriggerValue]:

@@ -17,9 +17,9 @@ import re
 from typing import Any
 
 from pagoda.operator.reconcile.pods import PodIssue
+from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
 Obj = dict[str, Any]
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 _MISSING_CLAIM = re.compile(r'persistentvolumeclaim "([^"]+)" not found')
 _UNBOUND_CLAIM = "unbound immediate PersistentVolumeClaims"

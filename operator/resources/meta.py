@@ -20,6 +20,8 @@ FIELD_MANAGER = "pagoda-operator"
 RESTARTED_AT_ANNOTATION = "pagoda.dev/restartedAt"
 RESTART_SCHEDULE_SINCE_ANNOTATION = "pagoda.dev/restartScheduleSince"
 CONTAINER_NAME = "runtime"
+# The node label NVIDIA's GPU feature discovery sets to the GPU model (spec.resources.gpu.product).
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 
 
 def labels(name: str) -> dict[str, str]:

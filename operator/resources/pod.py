@@ -15,11 +15,10 @@ from pagoda.runtime.contract import (
 )
 
 from .args import COMMAND, runtime_args
-from .meta import CONTAINER_NAME, labels
+from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, labels
 from .quantity import canonical
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod before SIGTERM arrives
 # After the drain, the runtime (runtime/lifecycle.py) waits up to 15 s for its HTTP server to stop and 30 s
 # for the engine to shut down, then reaps its children: the grace period covers all of it, so the kubelet

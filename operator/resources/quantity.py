@@ -15,8 +15,9 @@ _DECIMAL_SUFFIX = {exponent: suffix for suffix, exponent in _DECIMAL.items()}
 _SPLIT = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(.*)$")
 
 
-def parse(text: int | str) -> tuple[Decimal, str]:
-    """The value and the format (binary, decimal or exponent) of a quantity."""
+def _parse(text: int | str) -> tuple[Decimal, str]:
+    """The value and the format (binary, decimal or exponent) of a quantity: what canonical() needs, and
+    kubernetes.utils.parse_quantity (which the rest of the code uses to read quantities) does not give."""
     match = _SPLIT.match(str(text).strip())
     if not match:
         raise ValueError(f"{text!r} is not a Kubernetes quantity")
@@ -35,7 +36,7 @@ def canonical(text: int | str) -> str:
     """The string the API server would return for this quantity."""
     if _kept_as_written(str(text).strip()):
         return str(text).strip()
-    value, fmt = parse(text)
+    value, fmt = _parse(text)
     # Precision below 1n is rounded up, as the API server does.
     value = (value * Decimal(10) ** 9).to_integral_value(rounding=ROUND_CEILING) / Decimal(10) ** 9
     if fmt == "binary" and abs(value) >= 1024 and value == value.to_integral_value():
