@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
-
-if TYPE_CHECKING:  # the work queue imports the reconcile, which records these metrics
-    from pagoda.operator.reconcile.workqueue import WorkQueue
 
 log = logging.getLogger("pagoda.operator.metrics")
 
@@ -48,7 +45,16 @@ for _result in ("applied", "unchanged", "error"):
     RECONCILES.labels(result=_result)
 
 
-def watch_queue(queue: WorkQueue) -> None:
+class QueueGauges(Protocol):
+    """What watch_queue reads of the work queue (reconcile/workqueue.py), which imports this module's
+    metrics through the reconcile: a protocol, so that this module imports nothing of it."""
+
+    def __len__(self) -> int: ...
+
+    def in_progress(self) -> int: ...
+
+
+def watch_queue(queue: QueueGauges) -> None:
     """Export the work queue's length and the passes in flight, read at scrape time."""
     QUEUE_DEPTH.set_function(lambda: len(queue))
     RECONCILES_IN_PROGRESS.set_function(queue.in_progress)

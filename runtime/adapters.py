@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pagoda.runtime import contract, sources
+from pagoda.runtime.apierrors import openai_error
 from pagoda.runtime.lora import (
     AdapterError,
     AdapterFiles,
@@ -266,8 +267,6 @@ def attach_routes(app: Any, manager: AdapterManager) -> None:
     check, like the OpenAI routes)."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
-
-    from pagoda.runtime.server import openai_error
 
     def error(exc: AdapterError) -> JSONResponse:
         return JSONResponse(openai_error(str(exc), exc.status, exc.kind), status_code=exc.status)

@@ -22,6 +22,7 @@ from typing import Any
 
 from pagoda.runtime import capacity, metrics
 from pagoda.runtime.adapters import AdapterManager
+from pagoda.runtime.apierrors import openai_error
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -101,10 +102,6 @@ async def _send_json(
     base = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": base + headers})
     await send({"type": "http.response.body", "body": payload})
-
-
-def openai_error(message: str, status: int, kind: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
 
 
 class PagodaApp:
