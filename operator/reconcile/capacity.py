@@ -17,6 +17,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
@@ -71,7 +72,7 @@ class CapacityReader:
         """`status.capacity` from the Ready pods of one service (asking those not asked yet); None when no
         Ready pod has answered."""
         answers: list[Obj] = []
-        asked = 0
+        to_ask: list[tuple[str, str, tuple[float, int] | None]] = []  # (uid, ip, the last failure)
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid") or "")
             ip = (pod.get("status") or {}).get("podIP")
@@ -81,10 +82,17 @@ class CapacityReader:
             if isinstance(known, dict):
                 answers.append(known)
                 continue
-            if (known is not None and self._clock() < known[0]) or asked >= self._per_pass:
+            if (known is not None and self._clock() < known[0]) or len(to_ask) >= self._per_pass:
                 continue
-            asked += 1
-            answer = self._ask(str(ip))
+            to_ask.append((uid, str(ip), known))
+        # The pods are asked at once: a pass waits for the slowest answer, not for the sum of them.
+        ips = [ip for _, ip, _ in to_ask]
+        if len(ips) > 1:
+            with ThreadPoolExecutor(max_workers=len(ips)) as pool:
+                asked = list(pool.map(self._ask, ips))
+        else:
+            asked = [self._ask(ip) for ip in ips]
+        for (uid, _, known), answer in zip(to_ask, asked, strict=True):
             failures = known[1] + 1 if known is not None else 1
             delay = backoff(self._retry_after, self._max_retry_after, failures)
             self._known.put(uid, answer if answer is not None else (self._clock() + delay, failures))

@@ -4,6 +4,7 @@ a pass asks a bounded number of pods."""
 from __future__ import annotations
 
 import json
+import threading
 import urllib.error
 from typing import Any
 
@@ -107,3 +108,19 @@ def test_failed_asks_back_off_up_to_the_limit() -> None:
         now[0] += delay
     assert delays == [60.0, 120.0, 200.0, 200.0]
     assert len(runtimes.asked) == 4
+
+
+def test_a_pass_asks_its_pods_at_once() -> None:
+    """The asks of one pass are in flight together (a pass waits for the slowest pod, not for the sum): each
+    fetch waits at a barrier that opens only when all four are waiting."""
+    ips = [f"10.244.128.{n}" for n in range(2, 6)]
+    barrier = threading.Barrier(len(ips), timeout=10)
+
+    def fetch(url: str, timeout: float) -> dict[str, Any]:
+        barrier.wait()  # BrokenBarrierError (a failed ask) unless the four asks overlap
+        return answer(4096)
+
+    reader = CapacityReader(fetch, per_pass=len(ips))
+    status = reader.status([pod(f"u{n}", ip=ip) for n, ip in enumerate(ips)])
+    assert status is not None and status["kvCacheTokens"] == 4096
+    assert reader.next_ask([pod(f"u{n}", ip=ip) for n, ip in enumerate(ips)]) is None  # all four answered
