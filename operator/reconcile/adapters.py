@@ -28,8 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import ValidationError
-
 from pagoda.operator.api import InferenceServiceSpec, SecretKeyRef
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
@@ -128,13 +126,10 @@ class AdapterSync:
         self._clock = clock
         self._views: PodMemo[PodView] = PodMemo(remembered)
 
-    def sync(self, kube: Kube | None, owner: Obj, pods: list[Obj]) -> AdapterReport | None:
-        """Bring the Ready pods in step with the owner's spec.lora and report; None for a spec that does not
-        validate (the caller keeps the last status)."""
-        try:
-            spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
-        except ValidationError:
-            return None
+    def sync(
+        self, kube: Kube | None, namespace: str, spec: InferenceServiceSpec, pods: list[Obj]
+    ) -> AdapterReport:
+        """Bring the Ready pods of a service in `namespace` in step with its spec.lora, and report."""
         if spec.lora is None:
             return AdapterReport({})
         desired = {adapter.name: (adapter.uri, adapter.revision) for adapter in spec.lora.adapters}
@@ -142,9 +137,7 @@ class AdapterSync:
         ready.sort(key=lambda pod: str((pod.get("metadata") or {}).get("name") or ""))  # a stable status
         api_key, key_problem = None, None
         if spec.runtime.api_key_secret is not None and desired:
-            api_key, key_problem = read_api_key(
-                kube, owner["metadata"]["namespace"], spec.runtime.api_key_secret
-            )
+            api_key, key_problem = read_api_key(kube, namespace, spec.runtime.api_key_secret)
         if key_problem is None:
             self._sync_pods(ready, desired, api_key)
         return self._report(ready, desired, key_problem)

@@ -18,7 +18,6 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -46,9 +45,9 @@ from pagoda.operator.reconcile.status import (
     compute_status,
     degraded_now,
     first_report_wait,
-    parse_time,
     status_changed,
 )
+from pagoda.operator.reconcile.times import parse_time, rfc3339_now
 from pagoda.operator.resources import (
     CHILD_KINDS,
     DEFAULT_RUNTIME_IMAGE,
@@ -118,10 +117,6 @@ class Pass:
         events.record(self.kube, self.owner, type_=type_, reason=reason, message=message, now=self.now())
 
 
-def rfc3339_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def owner_reference(owner: Obj) -> Obj:
     meta = owner["metadata"]
     return {
@@ -188,9 +183,13 @@ def _reconcile(
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return Outcome("gone")
+    spec, problems = parse_spec(owner)  # the one reading of the spec in a pass
     live, pods = read_children(kube, cache, namespace, name)
-    restart = restarts.plan(owner, live.get(("Deployment", name)), now())
-    desired, problems = desired_state(owner, namespace, name, default_image, restart)
+    schedule = spec.restart_schedule if spec is not None else None
+    restart = restarts.plan(schedule, live.get(("Deployment", name)), now())
+    desired = (
+        desired_state(owner, spec, namespace, name, default_image, restart) if spec is not None else None
+    )
     hpa = live.pop((HPA_KIND[1], hpa_name(name)), None)
     p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems, hpa, capacity)
     try:
@@ -201,9 +200,13 @@ def _reconcile(
             if restarted is not None:
                 log.info("Started scheduled restart name=%s namespace=%s", name, namespace)
                 p.event("Normal", "ScheduledRestart", restarted)
-            p.adapters = adapters.sync(kube, owner, p.pods) if adapters is not None else None
-        # The restart schedule as it stands after this pass's writes: its status, and when to look again.
-        p.restart = restarts.plan(owner, p.live.get(("Deployment", name)), now())
+            p.adapters = (
+                adapters.sync(kube, namespace, spec, p.pods) if spec is not None and adapters else None
+            )
+        # The restart schedule as it stands after this pass's writes: its status, and when to look again
+        # (an invalid spec applies nothing, so it restarts nothing: its last restart status is kept).
+        if spec is not None:
+            p.restart = restarts.plan(schedule, p.live.get(("Deployment", name)), now())
         write_status(p, desired)
     except OwnerGone:
         return Outcome("gone", writes=p.writes)
@@ -229,19 +232,27 @@ def _reconcile(
     )
 
 
-def desired_state(
-    owner: Obj, namespace: str, name: str, default_image: str, restart: restarts.RestartPlan | None = None
-) -> tuple[list[Obj] | None, list[Problem]]:
-    """The children the spec asks for, with owner references; None and the reason when the spec is invalid.
-    Only validation errors are the spec's: anything else a builder raises is a bug, and propagates (the work
-    queue logs it with its traceback and retries with back-off)."""
+def parse_spec(owner: Obj) -> tuple[InferenceServiceSpec | None, list[Problem]]:
+    """The owner's spec, validated; None and the reason (InvalidSpec) when it does not validate."""
     try:
-        spec = InferenceServiceSpec.model_validate(owner.get("spec") or {})
+        return InferenceServiceSpec.model_validate(owner.get("spec") or {}), []
     except ValidationError as exc:
         return None, [invalid_spec(exc)]
+
+
+def desired_state(
+    owner: Obj,
+    spec: InferenceServiceSpec,
+    namespace: str,
+    name: str,
+    default_image: str,
+    restart: restarts.RestartPlan | None = None,
+) -> list[Obj]:
+    """The children the spec asks for, with owner references. Anything a builder raises is a bug (the spec
+    was validated), and propagates: the work queue logs it with its traceback and retries with back-off."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
     children = desired_children(name, namespace, spec, default_image, stamps)
-    return [with_owner(manifest, owner) for manifest in children], []
+    return [with_owner(manifest, owner) for manifest in children]
 
 
 def read_children(
@@ -355,6 +366,8 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
     restart = p.restart.status() if p.restart is not None else None
     if restart is not None:
         status["restarts"] = restart
+    elif p.restart is None and previous.get("restarts"):
+        status["restarts"] = previous["restarts"]  # not planned in this pass (an invalid spec): keep it
     if p.adapters is not None:
         status.update(p.adapters.status)
     else:  # not synced in this pass (an invalid spec, or no syncer): keep what was reported

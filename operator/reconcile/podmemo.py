@@ -25,8 +25,9 @@ def pod_ready(pod: Obj) -> bool:
 
 
 def backoff(first: float, most: float, failures: int) -> float:
-    """Seconds before asking a pod again after `failures` failed asks in a row: `first`, doubling, at most
-    `most` (a pod the operator can never reach costs one short ask per `most`)."""
+    """Seconds before trying again after `failures` failures in a row: `first`, doubling, at most `most`.
+    The operator's one back-off: a pod it cannot reach (capacity, adapters) costs one short ask per `most`,
+    and a failed pass is retried by the work queue."""
     return float(min(first * 2 ** max(failures - 1, 0), most))
 
 

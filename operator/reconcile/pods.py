@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pagoda.operator.reconcile.times import parse_time
+
 Obj = dict[str, Any]
 POD_KIND = ("v1", "Pod", "pods")  # (apiVersion, kind, plural): watched and cached beside the children
 # `<Reason>: ` at the start of a termination message: a CamelCase word, as in a condition's reason.
@@ -164,7 +166,7 @@ def startup_issue(
 def _loading_for(status: Obj, now: datetime) -> float | None:
     """Seconds a running container has been loading (its startup probe not yet passed); None otherwise."""
     running = (status.get("state") or {}).get("running") or {}
-    started = _time(running.get("startedAt"))
+    started = parse_time(running.get("startedAt"))
     if started is None or status.get("started") is not False:
         return None
     return (now - started).total_seconds()
@@ -195,18 +197,11 @@ def _stopped_at_startup_deadline(terminated: Obj, startup: Startup) -> bool:
     """Ended the way a startup-probe restart ends: stopped (not crashed) at about the budget's age (the
     kubelet acts on the probe failure that reaches failureThreshold, within a period of the budget, then
     waits up to the grace period)."""
-    began, ended = _time(terminated.get("startedAt")), _time(terminated.get("finishedAt"))
+    began, ended = parse_time(terminated.get("startedAt")), parse_time(terminated.get("finishedAt"))
     if began is None or ended is None or terminated.get("exitCode") not in _STOPPED_EXIT_CODES:
         return False
     ran = (ended - began).total_seconds()
     return startup.budget - startup.period - 5 <= ran <= startup.budget + startup.grace + 30
-
-
-def _time(value: Any) -> datetime | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")) if value else None
-    except ValueError:
-        return None
 
 
 def termination_reason(message: str) -> tuple[str | None, str]:

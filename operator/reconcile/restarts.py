@@ -23,31 +23,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
-from pydantic import ValidationError
-
 from pagoda.operator.api import RestartSchedule, RestartWindow
 from pagoda.operator.reconcile.status import desired_replicas, rollout_done
+from pagoda.operator.reconcile.times import parse_time, rfc3339
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
 
 KUBECTL_RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 POSTPONED_RETRY_S = 60.0  # a postponed restart is looked at again this often (watch events come sooner)
 
 Obj = dict[str, Any]
-
-
-def rfc3339(at: datetime) -> str:
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: Any) -> datetime | None:
-    """An RFC 3339 timestamp (Z or an offset; naive means UTC), None when it is not one."""
-    if not isinstance(text, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def in_window(window: RestartWindow | None, at: datetime) -> bool:
@@ -122,28 +106,17 @@ class RestartPlan:
         return max(1.0, (self.next - self.now).total_seconds() + 1.0)
 
 
-def schedule_of(owner: Obj) -> RestartSchedule | None:
-    """spec.restartSchedule, None when absent or invalid (an invalid spec is reported as InvalidSpec)."""
-    raw = (owner.get("spec") or {}).get("restartSchedule")
-    if raw is None:
-        return None
-    try:
-        return RestartSchedule.model_validate(raw)
-    except ValidationError:
-        return None
-
-
 def _template_annotations(deployment: Obj | None) -> Obj:
     template = ((deployment or {}).get("spec") or {}).get("template") or {}
     return dict((template.get("metadata") or {}).get("annotations") or {})
 
 
-def plan(owner: Obj, deployment: Obj | None, now: str) -> RestartPlan:
-    """The restart plan of `owner` given its live Deployment (None before it exists) at `now` (RFC 3339)."""
+def plan(schedule: RestartSchedule | None, deployment: Obj | None, now: str) -> RestartPlan:
+    """The restart plan for spec.restartSchedule (None: none) given the live Deployment (None before it
+    exists) at `now` (RFC 3339)."""
     at = parse_time(now) or datetime.now(UTC)
     stamps = _template_annotations(deployment)
     ours = stamps.get(RESTARTED_AT_ANNOTATION)
-    schedule = schedule_of(owner)
     if schedule is None:
         return RestartPlan(at, restarted_at=ours)
     annotations = ((deployment or {}).get("metadata") or {}).get("annotations") or {}

@@ -16,6 +16,7 @@ from typing import Any
 from pagoda.operator.reconcile.admission import replica_failure_issue
 from pagoda.operator.reconcile.pods import PodIssue, pods_issue
 from pagoda.operator.reconcile.scheduling import unschedulable_issue
+from pagoda.operator.reconcile.times import parse_time
 
 Obj = dict[str, Any]
 
@@ -127,13 +128,6 @@ def blocker(deployment: Obj, pods: list[Obj], spec: Obj, now: datetime | None) -
             f"The Deployment's rollout exceeded its progress deadline: {stuck.get('message', '')}",
         )
     return None
-
-
-def parse_time(value: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
 
 
 def ready_condition(

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from pagoda.operator.reconcile.core import Outcome
 from pagoda.operator.reconcile.kube import KubeError
+from pagoda.operator.reconcile.podmemo import backoff
 
 log = logging.getLogger("pagoda.operator.workqueue")
 Key = tuple[str, str]  # (namespace, name)
@@ -87,7 +88,7 @@ async def work(
             outcome = await loop.run_in_executor(executor, reconcile, *key)
         except Exception as exc:  # a bug or an API outage must not stop the worker
             count = failures[key] = failures.get(key, 0) + 1
-            delay = min(MAX_BACKOFF, MIN_BACKOFF * 2 ** (count - 1))
+            delay = backoff(MIN_BACKOFF, MAX_BACKOFF, count)
             log.warning(
                 "Failed to reconcile name=%s namespace=%s retry_in=%.0fs error=%r",
                 key[1],

@@ -98,6 +98,11 @@ class RecordingRuntime:
         return 200, self.adapters[name]
 
 
+def spec_of(obj: Obj) -> InferenceServiceSpec:
+    """The owner's spec as the reconcile passes it to AdapterSync.sync (parsed once per pass)."""
+    return InferenceServiceSpec.model_validate(obj["spec"])
+
+
 def _owner(adapters: list[Obj]) -> Obj:
     spec: Obj = {
         "model": {"uri": "file:///models/tiny", "servedName": "tiny"},
@@ -116,22 +121,26 @@ def test_the_operator_sends_the_revision_and_a_new_revision_replaces_the_adapter
     runtime = RecordingRuntime()
     sync = AdapterSync(runtime)
     pinned = {"name": "sql", "uri": HF, "revision": "v1"}
-    report = sync.sync(None, _owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}]), [_pod()])
+    report = sync.sync(
+        None, "ns", spec_of(_owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}])), [_pod()]
+    )
     assert report is not None and report.status["adaptersReady"] == "2/2"
     assert runtime.puts == [{"source": HF, "revision": "v1"}, {"source": "file:///adapters/chat"}]
 
     runtime.puts.clear()  # the same spec again: in step, nothing is sent
-    sync.sync(None, _owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}]), [_pod()])
+    sync.sync(
+        None, "ns", spec_of(_owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}])), [_pod()]
+    )
     assert runtime.puts == []
 
-    report = sync.sync(None, _owner([{**pinned, "revision": "v2"}]), [_pod()])
+    report = sync.sync(None, "ns", spec_of(_owner([{**pinned, "revision": "v2"}])), [_pod()])
     assert runtime.puts == [{"source": HF, "revision": "v2"}]
     assert report is not None and report.status["adapters"] == [
         {"name": "sql", "readyReplicas": 1, "replicas": 1, "state": "Ready"}
     ]
 
     runtime.puts.clear()  # dropping the revision goes back to the default branch: another replacement
-    sync.sync(None, _owner([{"name": "sql", "uri": HF}]), [_pod()])
+    sync.sync(None, "ns", spec_of(_owner([{"name": "sql", "uri": HF}])), [_pod()])
     assert runtime.puts == [{"source": HF}]
 
 
@@ -139,7 +148,7 @@ def test_an_adapter_loaded_at_another_revision_is_not_counted_as_serving() -> No
     runtime = RecordingRuntime()
     runtime.adapters["sql"] = {"name": "sql", "source": HF, "revision": "v1", "state": "Loaded"}
     sync = AdapterSync(lambda m, u, b, k, t: (503, {}) if m == "PUT" else runtime(m, u, b, k, t))
-    report = sync.sync(None, _owner([{"name": "sql", "uri": HF, "revision": "v2"}]), [_pod()])
+    report = sync.sync(None, "ns", spec_of(_owner([{"name": "sql", "uri": HF, "revision": "v2"}])), [_pod()])
     assert report is not None
     assert report.status["adapters"][0]["readyReplicas"] == 0
     assert report.status["adapters"][0]["state"] == "Failed"

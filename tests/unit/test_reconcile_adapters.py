@@ -9,6 +9,7 @@ import copy
 import json
 from typing import Any
 
+from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.reconcile import core
 from pagoda.operator.reconcile.adapters import AdapterSync, failure_events
 from pagoda.operator.reconcile.cache import ObjectCache
@@ -98,6 +99,11 @@ def pod(uid: str, ip: str, ready: bool = True, restarts: int = 0) -> Obj:
     return {"metadata": {"uid": uid}, "status": status}
 
 
+def spec_of(obj: Obj) -> InferenceServiceSpec:
+    """The owner's spec as the reconcile passes it to AdapterSync.sync (parsed once per pass)."""
+    return InferenceServiceSpec.model_validate(obj["spec"])
+
+
 def owner(adapters: dict[str, str] | None, api_key: bool = False) -> Obj:
     spec: Obj = {
         "model": {"uri": "file:///models/tiny", "servedName": "tiny"},
@@ -131,7 +137,7 @@ def test_every_ready_pod_gets_the_spec_adapters_and_the_status_counts_them() -> 
     runtimes = FakeAdapterRuntimes(IPS, {SQL: 8, CHAT: 8})
     sync = AdapterSync(runtimes)
     pods = [pod("a", IPS[0]), pod("b", IPS[1]), pod("c", "10.244.0.4", ready=False)]
-    report = sync.sync(None, owner({"sql": SQL, "chat": CHAT}), pods)
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert report is not None
     assert report.status == {
         "adapters": [
@@ -149,22 +155,22 @@ def test_a_pod_in_step_is_not_asked_again_until_the_recheck() -> None:
     runtimes, clock = FakeAdapterRuntimes(IPS, {SQL: 8}), Clock()
     sync = AdapterSync(runtimes, recheck_after=600.0, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    sync.sync(None, owner({"sql": SQL}), pods)
+    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
     asked = len(runtimes.calls)
     clock.now += 300
-    assert sync.sync(None, owner({"sql": SQL}), pods).status["adaptersReady"] == "1/1"  # type: ignore[union-attr]
+    assert sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods).status["adaptersReady"] == "1/1"
     assert len(runtimes.calls) == asked
     clock.now += 301
-    sync.sync(None, owner({"sql": SQL}), pods)
+    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
     assert [m for m, _ip, _n in runtimes.calls[asked:]] == ["GET", "GET"]  # a look, nothing to change
 
 
 def test_a_runtime_restarted_in_place_gets_the_adapters_again() -> None:
     runtimes = FakeAdapterRuntimes(IPS[:1], {SQL: 8})
     sync = AdapterSync(runtimes)
-    sync.sync(None, owner({"sql": SQL}), [pod("a", IPS[0])])
+    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
     runtimes.pods[IPS[0]].clear()  # the container restarted: nothing loaded at run time survives
-    sync.sync(None, owner({"sql": SQL}), [pod("a", IPS[0], restarts=1)])
+    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0], restarts=1)])
     assert runtimes.loaded(IPS[0]) == {"sql": SQL}
 
 
@@ -175,9 +181,9 @@ def test_removed_adapters_are_unloaded_and_changed_ones_replaced() -> None:
     )
     sync = AdapterSync(runtimes, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    sync.sync(None, owner({"sql": SQL, "chat": CHAT}), pods)
+    sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     clock.now += 1
-    report = sync.sync(None, owner({"sql": "file:///models/adapters/sql-v2"}), pods)
+    report = sync.sync(None, "ns", spec_of(owner({"sql": "file:///models/adapters/sql-v2"})), pods)
     assert report is not None and report.status["adaptersReady"] == "1/1"
     for ip in IPS:
         assert runtimes.loaded(ip) == {"sql": "file:///models/adapters/sql-v2"}
@@ -188,7 +194,7 @@ def test_a_failed_load_is_reported_with_the_runtime_reason_once_and_retried_late
     runtimes, clock = FakeAdapterRuntimes(IPS, {SQL: 8, CHAT: 64}), Clock()
     sync = AdapterSync(runtimes, failed_retry_after=300.0, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    report = sync.sync(None, owner({"sql": SQL, "chat": CHAT}), pods)
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert report is not None
     chat = report.status["adapters"][1]
     assert chat["state"] == "Failed" and chat["reason"] == "AdapterRankTooLarge"
@@ -201,11 +207,11 @@ def test_a_failed_load_is_reported_with_the_runtime_reason_once_and_retried_late
     assert failure_events(report.status, report.status) == []  # once per reason change
     puts = runtimes.calls.count(("PUT", IPS[0], "chat"))
     clock.now += 10
-    again = sync.sync(None, owner({"sql": SQL, "chat": CHAT}), pods)
+    again = sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert again is not None and again.status == report.status  # a stable status: nothing to write
     assert runtimes.calls.count(("PUT", IPS[0], "chat")) == puts
     clock.now += 300
-    sync.sync(None, owner({"sql": SQL, "chat": CHAT}), pods)
+    sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert runtimes.calls.count(("PUT", IPS[0], "chat")) == puts + 1
 
 
@@ -214,7 +220,7 @@ def test_an_unreachable_pod_is_retried_with_back_off_and_named_in_the_status() -
     runtimes.unreachable.add(IPS[1])
     sync = AdapterSync(runtimes, retry_after=10.0, max_retry_after=40.0, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    report = sync.sync(None, owner({"sql": SQL}), pods)
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
     assert report is not None
     assert report.status["adapters"] == [
         {
@@ -229,15 +235,15 @@ def test_an_unreachable_pod_is_retried_with_back_off_and_named_in_the_status() -
     assert report.requeue_after == 10.0
     gets = [c for c in runtimes.calls if c[1] == IPS[1]]
     clock.now += 5
-    sync.sync(None, owner({"sql": SQL}), pods)
+    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
     assert [c for c in runtimes.calls if c[1] == IPS[1]] == gets  # backing off
     for wait in (10.0, 20.0, 40.0, 40.0):
         clock.now += wait
-        report = sync.sync(None, owner({"sql": SQL}), pods)
+        report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
         assert report is not None and report.requeue_after == min(2 * wait, 40.0)
     runtimes.unreachable.clear()
     clock.now += 40
-    report = sync.sync(None, owner({"sql": SQL}), pods)
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
     assert report is not None and report.status["adaptersReady"] == "1/1" and report.requeue_after is None
 
 
@@ -246,7 +252,7 @@ def test_a_pass_asks_a_bounded_number_of_pods() -> None:
     runtimes, clock = FakeAdapterRuntimes(ips, {SQL: 8}), Clock()
     sync = AdapterSync(runtimes, per_pass=3, clock=clock)
     pods = [pod(str(i), ip) for i, ip in enumerate(ips)]
-    report = sync.sync(None, owner({"sql": SQL}), pods)
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
     assert report is not None
     assert len({ip for _m, ip, _n in runtimes.calls}) == 3
     assert (
@@ -255,7 +261,7 @@ def test_a_pass_asks_a_bounded_number_of_pods() -> None:
     assert report.requeue_after is not None and report.requeue_after <= 10.0
     for _ in range(3):
         clock.now += report.requeue_after or 0
-        report = sync.sync(None, owner({"sql": SQL}), pods)
+        report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
         assert report is not None
     assert report.status["adaptersReady"] == "1/1"
 
@@ -264,18 +270,18 @@ def test_a_load_that_times_out_counts_as_loading_and_is_looked_at_again() -> Non
     runtimes, clock = FakeAdapterRuntimes(IPS[:1], {SQL: 8}), Clock()
     runtimes.slow.add(IPS[0])
     sync = AdapterSync(runtimes, clock=clock)
-    report = sync.sync(None, owner({"sql": SQL}), [pod("a", IPS[0])])
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
     assert report is not None and report.status["adapters"][0]["state"] == "Loading"
     assert report.requeue_after == 5.0
     clock.now += 5
-    report = sync.sync(None, owner({"sql": SQL}), [pod("a", IPS[0])])
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
     assert report is not None and report.status["adapters"][0]["state"] == "Ready"
     assert runtimes.calls.count(("PUT", IPS[0], "sql")) == 1
 
 
 def test_no_ready_replica_and_no_lora() -> None:
     sync = AdapterSync(FakeAdapterRuntimes([], {}))
-    report = sync.sync(None, owner({"sql": SQL}), [])
+    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [])
     assert report is not None
     assert report.status == {
         "adapters": [
@@ -290,8 +296,7 @@ def test_no_ready_replica_and_no_lora() -> None:
         ],
         "adaptersReady": "0/1",
     }
-    assert sync.sync(None, owner(None), []).status == {}  # type: ignore[union-attr]
-    assert sync.sync(None, {"metadata": {"namespace": "ns"}, "spec": {"model": {}}}, []) is None  # invalid
+    assert sync.sync(None, "ns", spec_of(owner(None)), []).status == {}
 
 
 class Secrets:
@@ -312,7 +317,7 @@ def test_the_runtime_api_key_is_read_from_its_secret_and_sent() -> None:
     runtimes.api_key = "s3cret"
     secret = {"data": {"api-key": base64.b64encode(b"s3cret\n").decode()}}
     report = AdapterSync(runtimes).sync(
-        Secrets({"runtime-key": secret}), owner({"sql": SQL}, api_key=True), [pod("a", IPS[0])]
+        Secrets({"runtime-key": secret}), "ns", spec_of(owner({"sql": SQL}, api_key=True)), [pod("a", IPS[0])]
     )  # type: ignore[arg-type]
     assert report is not None and report.status["adaptersReady"] == "1/1"
 
@@ -321,7 +326,7 @@ def test_an_unreadable_api_key_asks_no_pod_and_says_why() -> None:
     runtimes = FakeAdapterRuntimes(IPS[:1], {SQL: 8})
     forbidden = KubeError(403, "Forbidden", "secrets is forbidden")
     report = AdapterSync(runtimes).sync(
-        Secrets(forbidden), owner({"sql": SQL}, api_key=True), [pod("a", IPS[0])]
+        Secrets(forbidden), "ns", spec_of(owner({"sql": SQL}, api_key=True)), [pod("a", IPS[0])]
     )  # type: ignore[arg-type]
     assert report is not None and runtimes.calls == []
     entry = report.status["adapters"][0]
@@ -334,7 +339,9 @@ def test_the_status_fits_the_crd() -> None:
     from pagoda.operator.api import InferenceServiceStatus
 
     runtimes = FakeAdapterRuntimes(IPS, {SQL: 8, CHAT: 512})
-    report = AdapterSync(runtimes).sync(None, owner({"sql": SQL, "chat": CHAT}), [pod("a", IPS[0])])
+    report = AdapterSync(runtimes).sync(
+        None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), [pod("a", IPS[0])]
+    )
     assert report is not None
     InferenceServiceStatus.model_validate(json.loads(json.dumps(report.status)))
 
@@ -437,6 +444,8 @@ def test_a_fresh_operator_puts_only_what_a_pod_lacks() -> None:
             "error": "x",
         },
     }
-    report = AdapterSync(runtimes).sync(None, owner({"sql": SQL, "chat": CHAT}), [pod("a", IPS[0])])
+    report = AdapterSync(runtimes).sync(
+        None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), [pod("a", IPS[0])]
+    )
     assert report is not None and report.status["adaptersReady"] == "2/2"
     assert runtimes.calls == [("GET", IPS[0], ""), ("PUT", IPS[0], "chat")]

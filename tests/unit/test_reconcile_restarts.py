@@ -23,8 +23,8 @@ from pagoda.operator.reconcile.restarts import (
     in_window,
     next_restart,
     plan,
-    rfc3339,
 )
+from pagoda.operator.reconcile.times import rfc3339
 from pagoda.operator.resources import RestartStamps, desired_children
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
 
@@ -47,6 +47,11 @@ def schedule(
     if start is not None:
         raw["window"] = {"start": start, "end": end, "timeZone": zone}
     return RestartSchedule.model_validate(raw)
+
+
+def schedule_of(restart_schedule: Obj | None) -> RestartSchedule | None:
+    """spec.restartSchedule as the reconcile passes it to plan()."""
+    return RestartSchedule.model_validate(restart_schedule) if restart_schedule else None
 
 
 def owner(restart_schedule: Obj | None) -> Obj:
@@ -220,41 +225,41 @@ NOW = "2026-12-01T12:00:00Z"
 
 
 def test_without_a_schedule_the_last_restart_stays_on_the_template() -> None:
-    restart = plan(owner(None), deployment(restarted_at="2026-11-30T00:00:00Z"), NOW)
+    restart = plan(schedule_of(None), deployment(restarted_at="2026-11-30T00:00:00Z"), NOW)
     assert (restart.restarted_at, restart.since, restart.status(), restart.requeue_after()) == (
         "2026-11-30T00:00:00Z",
         None,
         None,
         None,
     )
-    assert plan(owner(None), None, NOW).restarted_at is None
+    assert plan(schedule_of(None), None, NOW).restarted_at is None
 
 
 def test_the_first_restart_is_one_interval_after_the_schedule_was_first_seen() -> None:
     # Creation: no Deployment yet.
-    first = plan(owner({"every": "12h"}), None, NOW)
+    first = plan(schedule_of({"every": "12h"}), None, NOW)
     assert (first.since, first.restart, first.status()) == (NOW, False, {"next": "2026-12-02T00:00:00Z"})
     assert first.requeue_after() == 12 * 3600 + 1
     # Added to a service last restarted long ago: not at once, one interval from now.
-    added = plan(owner({"every": "12h"}), deployment(restarted_at="2026-11-01T00:00:00Z"), NOW)
+    added = plan(schedule_of({"every": "12h"}), deployment(restarted_at="2026-11-01T00:00:00Z"), NOW)
     assert (added.since, added.restart) == (NOW, False)
     assert added.status() == {"last": "2026-11-01T00:00:00Z", "next": "2026-12-02T00:00:00Z"}
 
 
 def test_a_due_restart_stamps_the_template_with_now() -> None:
     live = deployment(restarted_at="2026-12-01T00:00:00Z", since="2026-11-30T00:00:00Z")
-    restart = plan(owner({"every": "12h"}), live, NOW)
+    restart = plan(schedule_of({"every": "12h"}), live, NOW)
     assert (restart.restart, restart.restarted_at, restart.since) == (True, NOW, "2026-11-30T00:00:00Z")
     assert restart.status() == {"last": NOW, "next": "2026-12-02T00:00:00Z"}
     # One second earlier it was not due yet.
-    assert not plan(owner({"every": "12h"}), live, "2026-12-01T11:59:59Z").restart
+    assert not plan(schedule_of({"every": "12h"}), live, "2026-12-01T11:59:59Z").restart
 
 
 def test_a_kubectl_rollout_restart_counts_as_the_last_restart() -> None:
     live = deployment(
         restarted_at="2026-12-01T00:00:00Z", since="2026-11-30T00:00:00Z", kubectl="2026-12-01T11:00:00+01:00"
     )
-    restart = plan(owner({"every": "12h"}), live, NOW)
+    restart = plan(schedule_of({"every": "12h"}), live, NOW)
     assert not restart.restart
     assert restart.status() == {"last": "2026-12-01T10:00:00Z", "next": "2026-12-01T22:00:00Z"}
 
@@ -269,7 +274,7 @@ def test_a_kubectl_rollout_restart_counts_as_the_last_restart() -> None:
 )
 def test_a_due_restart_waits_for_a_settled_service(live: Obj, why: str) -> None:
     live["metadata"]["annotations"] = {RESTART_SCHEDULE_SINCE_ANNOTATION: "2026-11-30T00:00:00Z"}
-    restart = plan(owner({"every": "12h"}), live, NOW)
+    restart = plan(schedule_of({"every": "12h"}), live, NOW)
     assert (restart.restart, restart.restarted_at) == (False, None)
     assert restart.status() == {"next": "2026-11-30T12:00:00Z", "message": why}
     assert restart.requeue_after() == POSTPONED_RETRY_S
@@ -278,19 +283,19 @@ def test_a_due_restart_waits_for_a_settled_service(live: Obj, why: str) -> None:
 def test_a_ready_count_below_the_desired_one_postpones() -> None:
     live = deployment(since="2026-11-30T00:00:00Z")
     live["status"]["readyReplicas"] = 1  # available but not ready (a failing readiness probe)
-    assert plan(owner({"every": "12h"}), live, NOW).message == "Postponed: 1/2 replicas are ready"
+    assert plan(schedule_of({"every": "12h"}), live, NOW).message == "Postponed: 1/2 replicas are ready"
 
 
 def test_the_status_fits_the_status_model() -> None:
     live = deployment(restarted_at="2026-12-01T00:00:00Z", since="2026-11-30T00:00:00Z", updated=1)
-    status = plan(owner({"every": "12h"}), live, NOW).status()
+    status = plan(schedule_of({"every": "12h"}), live, NOW).status()
     assert status is not None
     assert RestartStatus.model_validate(status).model_dump(by_alias=True, exclude_none=True) == status
 
 
 def test_the_event_is_told_only_when_the_applied_template_carries_the_new_value() -> None:
     live = deployment(since="2026-11-30T00:00:00Z")
-    restart = plan(owner({"every": "12h"}), live, NOW)
+    restart = plan(schedule_of({"every": "12h"}), live, NOW)
     assert announcement(restart, live) is None  # the apply failed: the live template is the old one
     applied = copy.deepcopy(live)
     applied["spec"]["template"]["metadata"]["annotations"][RESTARTED_AT_ANNOTATION] = NOW

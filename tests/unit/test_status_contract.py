@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from pagoda.operator.api import CONDITION_TYPES, InferenceServiceStatus
+from pagoda.operator.api import CONDITION_TYPES, InferenceServiceStatus, RestartSchedule
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.restarts import plan as restart_plan
 from pagoda.operator.reconcile.scaling import autoscaling_status
@@ -112,7 +112,7 @@ def test_restarts_fit_the_status_model() -> None:
     rolling["metadata"]["annotations"] = {RESTART_SCHEDULE_SINCE_ANNOTATION: "2025-12-30T00:00:00Z"}
     owner = {**OWNER, "spec": {"restartSchedule": {"every": "12h"}}}
     status = compute_status(owner, rolling, [], selector="a=b", url=URL, now=NOW)
-    status["restarts"] = restart_plan(owner, rolling, NOW).status()
+    status["restarts"] = restart_plan(RestartSchedule(every="12h"), rolling, NOW).status()
     assert set(status["restarts"]) == {"last", "next", "message"}
     model = InferenceServiceStatus.model_validate(status)
     assert model.model_dump(by_alias=True, exclude_none=True) == status
