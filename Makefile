@@ -130,11 +130,11 @@ checks: venv tools packages ## lint, then tiers 1 and 2 (one after another).
 
 .PHONY: cluster-up
 cluster-up: venv tools packages images ## Start the local cluster (with a real node); kubeconfig at .pagoda-dev/kubeconfig.
-	PAGODA_BIN=$(BIN) $(PY) -m e2e.cluster up
+	PAGODA_BIN=$(BIN) $(PY) -m e2e up
 
 .PHONY: cluster-down
 cluster-down: venv ## Stop the local control plane.
-	PAGODA_BIN=$(BIN) $(PY) -m e2e.cluster down
+	PAGODA_BIN=$(BIN) $(PY) -m e2e down
 
 .PHONY: demo
 demo: venv tools packages images ## Control plane, operator, a sample InferenceService and a real chat request.

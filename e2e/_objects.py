@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from e2e._procs import FAKE_NODE_ANNOTATION, Launcher, wait_until
+from e2e._procs import FAKE_NODE_ANNOTATION, Launcher
+from e2e.processes import wait_until
 from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -99,7 +100,7 @@ def wait_crds_established(launcher: Launcher, api: Any, names: Iterable[str], de
             _, crd = request(api, "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
             return _condition(crd, "Established") == "True"
 
-        wait_until(launcher, f"CRD {name} to be Established", established, deadline)
+        launcher.wait(established, f"CRD {name} to be Established", deadline)
 
 
 def wait_nodes_ready(
@@ -116,7 +117,7 @@ def wait_nodes_ready(
             taints = node.get("spec", {}).get("taints") or []
             return not any(t.get("key") == "node.kubernetes.io/not-ready" for t in taints)
 
-        wait_until(launcher, f"node {name} to be Ready ({log_of})", ready, deadline, log_of=log_of)
+        launcher.wait(ready, f"node {name} to be Ready ({log_of})", deadline, log_of=log_of)
 
 
 def wait_service_account(launcher: Launcher | None, api: Any, namespace: str, deadline: float) -> None:
@@ -129,12 +130,8 @@ def wait_service_account(launcher: Launcher | None, api: Any, namespace: str, de
             raise RuntimeError(f"Reading ServiceAccount {namespace}/default failed ({status}): {result}")
         return status == 200
 
+    what = f"ServiceAccount {namespace}/default"
     if launcher is not None:
-        wait_until(
-            launcher, f"ServiceAccount {namespace}/default", exists, deadline, "kube-controller-manager"
-        )
-        return
-    while not exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"Timed out waiting for ServiceAccount {namespace}/default.")
-        time.sleep(0.1)
+        launcher.wait(exists, what, deadline, "kube-controller-manager")
+    else:
+        wait_until(exists, what, timeout=deadline - time.monotonic(), interval=0.1)

@@ -9,13 +9,12 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 from e2e._pki import FRONT_PROXY_CLIENT, Pki
 from e2e.podnet import FAKE_POD_CIDR
+from e2e.processes import http_ok, wait_until
 
 POLL = 0.1
 STOP_GRACE = 10.0
@@ -206,23 +205,22 @@ class Launcher:
             if proc.poll() is not None:
                 raise StartError(f"{name} exited with code {proc.returncode}:\n{self.log_tail(name)}")
 
+    def wait(self, probe: Callable[[], bool], what: str, deadline: float, log_of: str | None = None) -> None:
+        """`processes.wait_until` until `deadline` (monotonic), failing at once with StartError when any
+        component exits, and with the end of `log_of`'s log on timeout."""
+        wait_until(
+            probe,
+            what,
+            timeout=deadline - time.monotonic(),
+            interval=POLL,
+            alive=self.check_alive,
+            tail=(lambda: self.log_tail(log_of)) if log_of else None,
+            error=StartError,
+        )
+
     def log_tail(self, name: str, lines: int = 30) -> str:
         text = (self.log_dir / f"{name}.log").read_text(errors="replace").splitlines()
         return "\n".join(text[-lines:])
-
-
-def wait_until(
-    launcher: Launcher, what: str, probe: Callable[[], bool], deadline: float, log_of: str | None = None
-) -> None:
-    """Polls `probe` until it returns True; fails early when any component exits."""
-    while True:
-        launcher.check_alive()
-        if probe():
-            return
-        if time.monotonic() > deadline:
-            tail = f"\n{launcher.log_tail(log_of)}" if log_of else ""
-            raise StartError(f"Timed out waiting for {what}.{tail}")
-        time.sleep(POLL)
 
 
 def wait_http(launcher: Launcher, name: str, url: str, deadline: float, pki: Pki | None = None) -> None:
@@ -235,14 +233,7 @@ def wait_http(launcher: Launcher, name: str, url: str, deadline: float, pki: Pki
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE
 
-    def probe() -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=2, context=ctx) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            return False
-
-    wait_until(launcher, f"{name} at {url}", probe, deadline, log_of=name)
+    launcher.wait(lambda: http_ok(url, context=ctx), f"{name} at {url}", deadline, log_of=name)
 
 
 def _exe_matches(pid: int, exe: Path) -> bool:
@@ -275,21 +266,9 @@ def program(bin_dir: Path, name: str) -> Path:
     return Path(sys.executable) if name in PYTHON_COMPONENTS else bin_dir / name
 
 
-def terminate_child(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after a grace period, to a process this one started."""
-    if proc.poll() is not None:
-        return
-    proc.terminate()
-    try:
-        proc.wait(STOP_GRACE)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def terminate(pid: int, exe: Path) -> None:
     """SIGTERM, then SIGKILL after a grace period, to `pid` only if it still runs `exe` (a process
-    started by an earlier `python -m e2e.cluster up`)."""
+    started by an earlier `python -m e2e up`)."""
     if not _exe_matches(pid, exe):
         return
     try:

@@ -41,7 +41,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e import _procs
 from e2e._objects import request
 from e2e._pki import TlsDir, write_tls_dir
-from e2e.processes import ManagedProcess, free_ports
+from e2e.processes import ManagedProcess, free_ports, http_ok, wait_until
 
 if TYPE_CHECKING:  # not at run time: e2e.cluster may import this module to start the add-ons
     from e2e.cluster import Cluster
@@ -135,26 +135,23 @@ def _pids(*procs: AddonProcess) -> dict[str, int]:
     return {p.name: p.pid for p in procs if p.pid is not None}
 
 
-def _wait(what: str, probe: Callable[[], bool], procs: list[AddonProcess], deadline: float) -> None:
-    """Polls `probe` until it returns True; fails at once, with its log, when one of `procs` exits."""
-    while True:
+def _wait(probe: Callable[[], bool], what: str, procs: list[AddonProcess], deadline: float) -> None:
+    """`processes.wait_until` until `deadline` (monotonic), failing at once, with its log, when one of
+    `procs` exits."""
+
+    def alive() -> None:
         for proc in procs:
             proc.check_alive()
-        if probe():
-            return
-        if time.monotonic() > deadline:
-            tails = "".join(f"\n{p.log_path}:\n{p.excerpt()}" for p in procs)
-            raise _procs.StartError(f"Timed out waiting for {what}.{tails}")
-        time.sleep(_procs.POLL)
 
-
-def _answers(url: str, context: ssl.SSLContext | None = None) -> bool:
-    """Whether `url` answers 200 (False while nothing listens, or on any other status)."""
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+    wait_until(
+        probe,
+        what,
+        timeout=deadline - time.monotonic(),
+        interval=_procs.POLL,
+        alive=alive,
+        tail=lambda: "".join(f"\n{p.log_path}:\n{p.excerpt()}" for p in procs),
+        error=_procs.StartError,
+    )
 
 
 def _listens(port: int, host: str = "127.0.0.1") -> bool:
@@ -349,14 +346,14 @@ def start_keda(
         # The operator first: the adapter dials its gRPC port once at start, then only after a back-off.
         keda.operator.start(_operator_args(keda, cluster.kubeconfig), env=keda_env())
         operator_ready = f"http://127.0.0.1:{health}/readyz"
-        _wait("keda-operator's /readyz", lambda: _answers(operator_ready), procs[:1], deadline)
-        _wait("keda-operator's gRPC port", lambda: _listens(grpc), procs[:1], deadline)
+        _wait(lambda: http_ok(operator_ready), "keda-operator's /readyz", procs[:1], deadline)
+        _wait(lambda: _listens(grpc), "keda-operator's gRPC port", procs[:1], deadline)
         keda.adapter.start(_adapter_args(keda, cluster.kubeconfig), env=keda_env())
         adapter_tls = ssl.create_default_context(cafile=str(keda.tls.ca_cert))
         adapter_ready = f"{keda.adapter_url}/readyz"
-        _wait("keda-adapter's /readyz", lambda: _answers(adapter_ready, adapter_tls), procs, deadline)
+        _wait(lambda: http_ok(adapter_ready, context=adapter_tls), "keda-adapter's /readyz", procs, deadline)
         # Its only sign that the mutual TLS with the operator works is this line of its log.
-        _wait("keda-adapter's gRPC connection", lambda: GRPC_CONNECTED in keda.adapter.log(), procs, deadline)
+        _wait(lambda: GRPC_CONNECTED in keda.adapter.log(), "keda-adapter's gRPC connection", procs, deadline)
 
         _apply(cluster, external_metrics_objects(adapter, keda.tls.ca_cert))
         last: dict[str, str] = {}
@@ -367,7 +364,7 @@ def start_keda(
             return last.get("status") == "True"
 
         try:
-            _wait(f"APIService {EXTERNAL_METRICS_APISERVICE} to be Available", available, procs, deadline)
+            _wait(available, f"APIService {EXTERNAL_METRICS_APISERVICE} to be Available", procs, deadline)
         except _procs.StartError as exc:
             raise _procs.StartError(f"{exc}\nIts Available condition: {json.dumps(last)}") from None
     except BaseException:
@@ -412,8 +409,8 @@ class KubeStateMetrics(AddonProcess):
     def wait_ready(self, deadline: float) -> None:
         """Both servers answer (/readyz: its own registry has metrics)."""
         healthz, readyz = f"{self.url}/healthz", f"{self.telemetry_url}/readyz"
-        _wait("kube-state-metrics' /healthz", lambda: _answers(healthz), [self], deadline)
-        _wait("kube-state-metrics' /readyz", lambda: _answers(readyz), [self], deadline)
+        _wait(lambda: http_ok(healthz), "kube-state-metrics' /healthz", [self], deadline)
+        _wait(lambda: http_ok(readyz), "kube-state-metrics' /readyz", [self], deadline)
 
     def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
         """The current samples of metric `name`: (labels, value) pairs."""

@@ -287,7 +287,7 @@ def start_argocd(cluster: Cluster, workdir: Path, *, timeout: float = START_TIME
                 str(workdir / "redis"),
             ],
         )
-        _wait("redis-server's port", lambda: _listens(redis_port), [redis], deadline)
+        _wait(lambda: _listens(redis_port), "redis-server's port", [redis], deadline)
         redis_addr = f"127.0.0.1:{redis_port}"
         repo_server.start(
             [
@@ -303,7 +303,7 @@ def start_argocd(cluster: Cluster, workdir: Path, *, timeout: float = START_TIME
             ],
             env=_env(cluster, workdir, "argocd-repo-server"),
         )
-        _wait("argocd-repo-server's port", lambda: _listens(repo_port), [redis, repo_server], deadline)
+        _wait(lambda: _listens(repo_port), "argocd-repo-server's port", [redis, repo_server], deadline)
         controller.start(
             [
                 "application-controller",
@@ -325,8 +325,8 @@ def start_argocd(cluster: Cluster, workdir: Path, *, timeout: float = START_TIME
             env=_env(cluster, workdir, "argocd-application-controller"),
         )
         _wait(
-            "argocd-application-controller's metrics port",
             lambda: _listens(controller_metrics),
+            "argocd-application-controller's metrics port",
             [redis, repo_server, controller],
             deadline,
         )

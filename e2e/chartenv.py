@@ -12,11 +12,11 @@ from typing import Any
 
 import yaml
 
+from e2e._procs import REPO_ROOT
 from e2e.cluster import Cluster
 from e2e.processes import OperatorMetrics, http_ok
 
-REPO = Path(__file__).resolve().parents[1]
-CHART = REPO / "charts" / "pagoda"
+CHART = REPO_ROOT / "charts" / "pagoda"
 CRD_NAME = "inferenceservices.pagoda.dev"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=pagoda"  # the chart's selector labels name the operator's pod
 
@@ -120,15 +120,7 @@ class ChartOperator(OperatorMetrics):
             self.cluster, "get", "deployments", "-n", self.namespace, "-l", OPERATOR_SELECTOR
         )
         (name,) = [d["metadata"]["name"] for d in deployment["items"]]
-        self.cluster.kubectl(
-            "rollout",
-            "status",
-            "-n",
-            self.namespace,
-            f"deployment/{name}",
-            f"--timeout={timeout:.0f}s",
-            timeout=timeout + 10,
-        )
+        self.cluster.rollout_status(self.namespace, name, timeout)
         return self
 
     def check_alive(self) -> None:

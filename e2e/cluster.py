@@ -3,8 +3,8 @@ kube-scheduler and kwok with two fake GPU nodes, all built by e2e/tools/build.sh
 local registry and a real node (kubelet, containerd, kube-proxy: e2e/realnode.py) whose pods run Pagoda's
 images.
 
-    python -m e2e.cluster up      # detached; kubeconfig at .pagoda-dev/kubeconfig
-    python -m e2e.cluster down
+    python -m e2e up      # detached; kubeconfig at .pagoda-dev/kubeconfig (e2e/__main__.py)
+    python -m e2e down
 
 Tests use e2e/fixtures.py, which starts a private instance of the same cluster in a temp dir.
 Every process started is recorded by PID (the state file in the workdir) and `stop()` ends exactly those.
@@ -12,13 +12,10 @@ Every process started is recorded by PID (the state file in the workdir) and `st
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -29,9 +26,9 @@ import yaml
 
 from e2e import _objects, _procs, images, podnet, realnode, registry
 from e2e._pki import write_pki
-from e2e.processes import free_ports, http_ok
+from e2e.processes import free_ports, http_ok, terminate
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = _procs.REPO_ROOT
 DEV_DIR = REPO_ROOT / ".pagoda-dev"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
@@ -94,7 +91,7 @@ class Cluster:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path, bin_dir: Path | None = None) -> Cluster:
-        """A cluster someone else runs (`python -m e2e.cluster up`); `stop()` leaves it running."""
+        """A cluster someone else runs (`python -m e2e up`); `stop()` leaves it running."""
         config = yaml.safe_load(kubeconfig.read_text())
         current = config.get("current-context")
         context = next(c["context"] for c in config["contexts"] if c["name"] == current)
@@ -120,6 +117,19 @@ class Cluster:
             raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
         return proc
 
+    def rollout_status(self, namespace: str, deployment: str, timeout: float) -> None:
+        """Waits until the Deployment's rollout is complete (`kubectl rollout status`): every replica of its
+        current template updated and Ready. Raises CalledProcessError, with kubectl's reason, otherwise."""
+        self.kubectl(
+            "rollout",
+            "status",
+            "-n",
+            namespace,
+            f"deployment/{deployment}",
+            f"--timeout={max(1, int(timeout))}s",
+            timeout=timeout + 10,
+        )
+
     def stop(self) -> None:
         """Ends exactly the processes this cluster started (by PID), most dependent first, after the real
         node's pods were drained; then removes what the real node made (e2e/realnode.py teardown)."""
@@ -131,7 +141,7 @@ class Cluster:
         kwok = self.pids.get("kwok")
         for name in reversed(list(self.pids)):
             if name in own:
-                _procs.terminate_child(own[name])
+                terminate(own[name], _procs.STOP_GRACE)
             else:
                 _procs.terminate(self.pids[name], _procs.program(self.bin_dir, name))
         self.pids.clear()
@@ -171,18 +181,14 @@ class Cluster:
 def start_registry(cluster: Cluster, launcher: _procs.Launcher, timeout: float = 30.0) -> str:
     """Runs the local registry (e2e/registry.py) and pushes `make images`' images and the chart; returns
     host:port."""
-    (port,) = free_ports(1)
+    port = registry.choose_port()
     # Its OpenTelemetry exporter is on by default and would post traces to localhost:4318 every few seconds.
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
     cluster.pids["registry"] = launcher.launch("registry", registry.args(cluster.workdir, port), env=env)
     cluster.save_state()
     address = f"127.0.0.1:{port}"
-    _procs.wait_until(
-        launcher,
-        "the registry",
-        lambda: http_ok(f"http://{address}/v2/"),
-        time.monotonic() + timeout,
-        "registry",
+    launcher.wait(
+        lambda: http_ok(f"http://{address}/v2/"), "the registry", time.monotonic() + timeout, "registry"
     )
     registry.record_pushed(cluster.workdir, registry.push_images(address))
     cluster.urls["chart"] = registry.push_chart(address, cluster.bin_dir / "helm", cluster.workdir)
@@ -197,10 +203,12 @@ def start_real_node(
     pki: Any,
     timeout: float = 120.0,
 ) -> None:
-    """The registry, then the real node; returns when the node is Ready."""
+    """The registry, then the real node; returns when the node is Ready, with the CPU runtime image being
+    pulled onto it in the background (`realnode.prepull`)."""
     address = start_registry(cluster, launcher)
     realnode.start(cluster, launcher, network, pki, address, time.monotonic() + timeout)
     cluster.save_state()
+    realnode.prepull(cluster, images.runtime_cpu_image())
 
 
 def start(
@@ -278,47 +286,6 @@ def start(
     return cluster
 
 
-def _cmd_up(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir)
-    existing = Cluster.load_state(workdir)
-    if existing is not None and _procs.all_alive(existing.pids, existing.bin_dir):
-        print(f"The local control plane is already running at {existing.server}.")
-        _print_usage(existing, Path(args.kubeconfig))
-        return 0
-    if existing is not None:
-        existing.stop()
-    # A new cluster each time: etcd's data from the last one holds objects signed by the old keys.
-    shutil.rmtree(workdir / "etcd", ignore_errors=True)
-    began = time.monotonic()
-    cluster = start(workdir, detach=True, real_node=args.real_node)
-    from e2e.stack import start_stack  # the add-ons build on this module
-
-    try:
-        stack = start_stack(cluster, detach=True)
-    except BaseException:
-        cluster.stop()
-        raise
-    cluster.pids.update(stack.pids)
-    cluster.urls.update(
-        {
-            "prometheus": stack.prometheus_url,
-            "kube-state-metrics": stack.addons.kube_state_metrics.metrics_url,
-        }
-    )
-    cluster.save_state()
-    if cluster.node is not None:
-        install_operator(cluster)
-    else:
-        start_operator(cluster)
-    link = Path(args.kubeconfig)
-    link.parent.mkdir(parents=True, exist_ok=True)
-    link.write_text(cluster.kubeconfig.read_text())
-    print(f"Started the local cluster at {cluster.server} in {time.monotonic() - began:.1f}s.")
-    print(f"Logs and PIDs are in {workdir}.")
-    _print_usage(cluster, link)
-    return 0
-
-
 def install_operator(
     cluster: Cluster,
     release: str = OPERATOR_RELEASE,
@@ -350,74 +317,6 @@ def install_operator(
     cluster.urls["helm release"] = f"{namespace}/{release} (operator.runtimeImage: CPU)"
 
 
-def start_operator(cluster: Cluster, timeout: float = 60.0) -> None:
-    """Without a real node: installs the InferenceService CRD and runs `pagoda-operator` as a process."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
-    )
-    launcher = _procs.Launcher(cluster.bin_dir, cluster.workdir / "logs", detach=True)
-    (port,) = free_ports(1)
-    args = [f"--kubeconfig={cluster.kubeconfig}", "--metrics-host=127.0.0.1", f"--metrics-port={port}"]
-    cluster.pids["pagoda-operator"] = launcher.launch("pagoda-operator", args)
-    cluster.urls["pagoda-operator"] = f"http://127.0.0.1:{port}/metrics"
-    cluster.save_state()
-    _procs.wait_http(
-        launcher, "pagoda-operator", f"http://127.0.0.1:{port}/healthz", time.monotonic() + timeout
-    )
-
-
-def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
-    kubectl = default_bin_dir() / "kubectl"
-    print(f"  kube-apiserver      {cluster.server}")
-    for name, url in cluster.urls.items():
-        print(f"  {name:<19} {url}")
-    if cluster.node is not None:
-        print(
-            f"  real node           {realnode.NODE_NAME} at {cluster.node.address}: kubelet, containerd, "
-            f"kube-proxy (label {realnode.NODE_LABEL}; config in {cluster.workdir}/node)"
-        )
-    print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
-    print(f"\n  export KUBECONFIG={kubeconfig}")
-    print(f"  {kubectl} get nodes -o wide  # {realnode.NODE_NAME} (real pods) and two tainted kwok nodes")
-    print(f"  {kubectl} apply -f examples/tiny-cpu.yaml   # a pod on the real node that serves chat")
-    print("  make cluster-down         # stops it all")
-
-
-def _cmd_down(args: argparse.Namespace) -> int:
-    cluster = Cluster.load_state(Path(args.workdir))
-    if cluster is None:
-        print("No local control plane is recorded as running.")
-        return 0
-    cluster.stop()
-    Path(args.kubeconfig).unlink(missing_ok=True)
-    print(f"Stopped the local control plane ({cluster.server}).")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=("up", "down"))
-    parser.add_argument("--workdir", default=str(DEV_DIR / "cluster"), help="state, logs, data")
-    parser.add_argument("--kubeconfig", default=str(DEV_DIR / "kubeconfig"), help="where `up` writes it")
-    parser.add_argument(
-        "--no-real-node",
-        dest="real_node",
-        action="store_false",
-        help="`up` without the real node and the registry (one real node per machine: e2e/realnode.py)",
-    )
-    args = parser.parse_args(argv)
-    try:
-        return _cmd_up(args) if args.command == "up" else _cmd_down(args)
-    except (ToolsMissingError, _procs.StartError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-
-
 def start_private(bin_dir: Path | None = None, *, real_node: bool = False) -> Cluster:
     """A cluster in a fresh temp dir, for tests; its processes die with the calling process."""
     return start(Path(tempfile.mkdtemp(prefix="pagoda-cluster-")), bin_dir, real_node=real_node)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
+from e2e._procs import REPO_ROOT  # noqa: E402
 from e2e.cluster import start_private  # noqa: E402
 from e2e.fixtures import tiny_sample  # noqa: E402
 from e2e.observability import (  # noqa: E402
@@ -36,7 +37,7 @@ from e2e.observability import (  # noqa: E402
 )
 from e2e.processes import VENV_BIN, ManagedProcess, OperatorProcess, wait_until  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 DASHBOARDS = REPO / "charts" / "pagoda" / "files" / "dashboards"
 VARIABLES = {
     "inferenceservice": {"namespace": "ml", "service": "tiny"},

@@ -16,6 +16,7 @@ import urllib.request
 
 import yaml
 
+from e2e import __main__ as cluster_cli
 from e2e import cluster as control_plane
 from e2e.realpods import port_forward
 from pagoda.runtime.contract import HTTP_PORT
@@ -32,7 +33,8 @@ def say(message: str) -> None:
 
 def start_control_plane() -> control_plane.Cluster:
     say("Starting the local cluster (control plane, registry, real node, add-ons) and `helm install` Pagoda")
-    control_plane.main(["up"])
+    if cluster_cli.main(["up"]) != 0:
+        raise RuntimeError("`make cluster-up` failed: its error is above")
     cluster = control_plane.Cluster.load_state(DEV / "cluster")
     if cluster is None:
         raise RuntimeError("The control plane did not record its state; see .pagoda-dev/cluster/logs")

@@ -7,6 +7,7 @@ Re-export them from a conftest.py:  from e2e.fixtures import cluster, namespace,
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -85,18 +86,17 @@ def stack(cluster: Cluster) -> Iterator[Stack]:
         running.stop()
 
 
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster) -> Iterator[ChartOperator]:
-    """Pagoda installed as a user installs it, once per test module: the chart from the local registry
-    (`helm install oci://...`), its operator a pod on the real node under the chart's RBAC (watching every
-    namespace), its services running the CPU runtime image. Uninstalled afterwards; the CRD stays."""
+@contextlib.contextmanager
+def chart_operator(cluster: Cluster, values: tuple[str, ...] = ()) -> Iterator[ChartOperator]:
+    """Pagoda installed as a user installs it: the chart from the local registry (`helm install oci://...`)
+    in a namespace of its own, its operator a pod on the real node under the chart's RBAC (watching every
+    namespace), its services running the CPU runtime image; `values`: more `--set` arguments. Uninstalled
+    afterwards; the CRD stays."""
     if cluster.node is None:
-        pytest.fail(
-            "The operator fixture installs the chart on the real node (tier 4's cluster).", pytrace=False
-        )
+        pytest.fail("The chart's operator runs on the real node (tier 4's cluster).", pytrace=False)
     namespace = f"pagoda-system-{uuid.uuid4().hex[:6]}"
     adopt_crd(cluster, OPERATOR_RELEASE, namespace)
-    install_operator(cluster, OPERATOR_RELEASE, namespace)
+    install_operator(cluster, OPERATOR_RELEASE, namespace, values)
     running = ChartOperator(cluster, namespace)
     try:
         yield running
@@ -104,6 +104,13 @@ def operator(cluster: Cluster) -> Iterator[ChartOperator]:
     finally:
         helm(cluster, "uninstall", OPERATOR_RELEASE, "-n", namespace, "--wait", check=False)
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster) -> Iterator[ChartOperator]:
+    """The chart's operator (`chart_operator`), once per test module."""
+    with chart_operator(cluster) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")

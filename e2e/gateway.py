@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any, Self
 import yaml
 
 from e2e import _procs
-from e2e.addons import AddonProcess, _answers, _listens, _wait
-from e2e.processes import free_ports
+from e2e.addons import AddonProcess, _listens, _wait
+from e2e.processes import free_ports, http_ok
 from e2e.realpods import condition
 from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT, METRICS_PORT  # the picker's
 
@@ -142,16 +142,7 @@ def running_picker(cluster: Cluster, name: str, namespace: str, deadline: float)
     pool = _wait_object(cluster, namespace, POOL_API, name, deadline)
     ref = pool["spec"]["endpointPickerRef"]
     deployment = _wait_object(cluster, namespace, "deployment", ref["name"], deadline)
-    left = max(1, int(deadline - time.monotonic()))
-    cluster.kubectl(
-        "rollout",
-        "status",
-        "-n",
-        namespace,
-        f"deployment/{ref['name']}",
-        f"--timeout={left}s",
-        timeout=left + 10,
-    )
+    cluster.rollout_status(namespace, ref["name"], deadline - time.monotonic())
     service = _wait_object(cluster, namespace, "service", ref["name"], deadline)
     selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json", "-l", selector).stdout)
@@ -381,13 +372,13 @@ def start_gateway(
         envoy_args += ["--log-level", "warn", "--concurrency", "2", "--drain-time-s", "1"]
         gateway.envoy.start(envoy_args)
         ready = f"{gateway.admin_url}/ready"
-        _wait("Envoy's /ready", lambda: _answers(ready), procs, deadline)
+        _wait(lambda: http_ok(ready), "Envoy's /ready", procs, deadline)
         healthy = gateway.admin_url
-        _wait("Envoy's health check of the picker", lambda: picker_healthy_in_envoy(healthy), procs, deadline)
+        _wait(lambda: picker_healthy_in_envoy(healthy), "Envoy's health check of the picker", procs, deadline)
         # The health port can answer SERVING a moment before the ext_proc server listens (seen with a pool at
         # zero replicas: 2.5 s later); a request Envoy sends in between fails with a 500.
         grpc = picker.service_ip
-        _wait("the picker's ext_proc port", lambda: _listens(GRPC_PORT, grpc), procs, deadline)
+        _wait(lambda: _listens(GRPC_PORT, grpc), "the picker's ext_proc port", procs, deadline)
     except BaseException:
         gateway.stop()
         raise

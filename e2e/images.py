@@ -62,7 +62,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from e2e._procs import REPO_ROOT
+
+ROOT = REPO_ROOT
 BIN = Path(os.environ.get("PAGODA_BIN", ROOT / ".pagoda-dev" / "bin"))
 INDEX = ROOT / ".pagoda-dev" / "images" / "index.json"
 CACHE = Path(os.environ.get("PAGODA_CACHE", Path.home() / ".cache" / "pagoda"))

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
+from e2e._procs import REPO_ROOT
 from e2e.processes import VENV_BIN, ManagedProcess, free_port, runtime_env, wait_until
 
 SCRAPE_INTERVAL = "1s"
@@ -166,7 +167,7 @@ class Prometheus(ManagedProcess, PromQL):
         return any(t["scrapeUrl"].startswith(f"http://{address}/") and t["health"] == "up" for t in active)
 
 
-DASHBOARDS = Path(__file__).resolve().parents[1] / "charts" / "pagoda" / "files" / "dashboards"
+DASHBOARDS = REPO_ROOT / "charts" / "pagoda" / "files" / "dashboards"
 KUBE_STATE_METRICS = ("kube_deployment_spec_replicas", "kube_deployment_status_replicas_ready")
 
 

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -44,25 +45,55 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def wait_until(probe: Callable[[], T | None], what: str, timeout: float = 60.0, interval: float = 0.25) -> T:
-    """Polls `probe` until it returns a truthy value, which is returned; fails naming `what`."""
+def wait_until(
+    probe: Callable[[], T | None],
+    what: str,
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    *,
+    alive: Callable[[], object] | None = None,
+    tail: Callable[[], str] | None = None,
+    error: type[Exception] = WaitTimeout,
+) -> T:
+    """Polls `probe` until it returns a truthy value, which is returned: the harness's one poller.
+
+    `alive`, called before each try, raises when a process the wait depends on has exited, so the wait fails
+    at once instead of at its deadline. On timeout raises `error` naming `what`, with `tail()` (the end of a
+    log) appended."""
     deadline = time.monotonic() + timeout
     while True:
+        if alive is not None:
+            alive()
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise WaitTimeout(f"Timed out after {timeout:.0f}s waiting for {what}.")
+            said = f"\n{tail()}" if tail is not None else ""
+            raise error(f"Timed out after {max(timeout, 0):.0f}s waiting for {what}.{said}")
         time.sleep(interval)
 
 
-def http_ok(url: str, timeout: float = 2) -> bool:
-    """Whether `url` answers 200 (False while nothing listens, or on any other status)."""
+def http_ok(url: str, timeout: float = 2, context: ssl.SSLContext | None = None) -> bool:
+    """Whether `url` answers 200 (False while nothing listens, or on any other status); `context` for
+    https:// with a private CA or a client certificate."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as response:
             return bool(response.status == 200)
     except OSError:
         return False
+
+
+def terminate(proc: subprocess.Popen[bytes], grace: float) -> int:
+    """SIGTERM to a process this one started, then SIGKILL if it has not exited after `grace` seconds;
+    returns its exit code (negative: the signal that ended it)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    return proc.returncode
 
 
 def runtime_env(workdir: Path, **extra: str) -> dict[str, str]:
@@ -133,14 +164,7 @@ class ManagedProcess:
         proc, self.proc = self.proc, None
         if proc is None:
             return None
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.STOP_GRACE if timeout is None else timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        return proc.returncode
+        return terminate(proc, self.STOP_GRACE if timeout is None else timeout)
 
     def kill(self) -> None:
         """SIGKILL, like a crashed or evicted pod: no clean shutdown."""

@@ -15,9 +15,11 @@ containerd asks for when its catch-all mirror sends ghcr.io to this registry.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -28,12 +30,18 @@ from pathlib import Path
 import yaml
 
 from e2e import _procs
+from e2e.processes import free_port
 
 STORAGE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pagoda" / "registry"
 CHART_DIR = _procs.REPO_ROOT / "charts" / "pagoda"
 CHART_REPOSITORY = "charts"
 IMAGES_INDEX = _procs.REPO_ROOT / ".pagoda-dev" / "images" / "index.json"
 BUILDAH_ROOT = Path.home() / ".cache" / "pagoda" / "buildah"
+# The registry listens here when the port is free (else on any free port, which only costs time): buildah's
+# blob-info cache (/var/lib/containers/cache) records where it pushed each layer by host:port, and reuses a
+# layer the registry already holds, under any repository, only at a host:port it knows. A port that changes
+# with every cluster made `make release`'s test upload the runtime image's 7 GB again each run (~110 s).
+PORT = 5600
 MANIFEST_TYPES = (
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.oci.image.index.v1+json",
@@ -61,6 +69,16 @@ def config(workdir: Path, port: int) -> Path:
         )
     )
     return path
+
+
+def choose_port() -> int:
+    """PORT when nothing listens there, else a free loopback port."""
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        try:
+            sock.bind(("127.0.0.1", PORT))
+        except OSError:
+            return free_port()
+    return PORT
 
 
 def args(workdir: Path, port: int) -> list[str]:

@@ -29,7 +29,7 @@ from e2e.cluster import (
 from e2e.processes import wait_until
 
 pytestmark = pytest.mark.e2e
-# What `python -m e2e.cluster up --no-real-node` runs: the control plane, the add-ons and the operator.
+# What `python -m e2e up --no-real-node` runs: the control plane, the add-ons and the operator.
 UP_COMPONENTS = [
     *COMPONENTS,
     "keda-operator",
@@ -234,7 +234,7 @@ def test_missing_binaries_fail_naming_make_tools(tmp_path: Path) -> None:
 
 def test_cli_up_and_down_manage_exactly_their_processes(cluster: Cluster, tmp_path: Path) -> None:
     workdir, kubeconfig = tmp_path / "cluster", tmp_path / "kubeconfig"
-    cli = [sys.executable, "-m", "e2e.cluster"]
+    cli = [sys.executable, "-m", "e2e"]
     # Without a real node: one per machine, and the session's cluster has it.
     flags = [f"--workdir={workdir}", f"--kubeconfig={kubeconfig}", "--no-real-node"]
     env = {**os.environ, "PAGODA_BIN": str(cluster.bin_dir)}

@@ -1,15 +1,14 @@
-"""Every dashboard panel, proved on real data: a real Prometheus scrapes a real runtime under load and the
-real operator reconciling InferenceServices on the local control plane; each panel's query (with the
-dashboard's variables resolved through Prometheus, as Grafana does) must succeed and return data.
+"""Every dashboard panel, proved on real data: a real Prometheus scrapes a runtime pod on the real node (from
+the CPU runtime image, under load through its Service) and the chart's operator pod reconciling
+InferenceServices; each panel's query (with the dashboard's variables resolved through Prometheus, as Grafana
+does) must succeed and return data.
 
 The chart's alert and recording rules are loaded into the same Prometheus and must evaluate without errors.
 Cost: kube-state-metrics runs with the chart's custom-resource-state config against the control plane, where
 an InferenceService `ml/tiny` (the runtime's labels) has a known spec.cost; the cost panels must match the
 arithmetic on the token rate the load generator itself measured, within 5%.
-The only panels that cannot get data here are the kube-state-metrics Deployment ones (no Deployment backs
-the runtime here): their queries are run too and must be accepted by Prometheus, and are named as such;
-e2e/test_autoscaling.py checks them on real pods. So are the LoRA adapter panels (LORA_METRICS): the runtime
-here serves the base model only, and the runtime tier (tests/runtime/test_rt_lora.py) checks the counters
+The only panels that cannot get data here are the LoRA adapter panels (LORA_METRICS): the runtime here serves
+the base model only, and the runtime tier (tests/runtime/test_rt_lora.py) checks the counters
 they read, per adapter; and the routing panels (the endpoint picker's metrics), which e2e/test_routing.py and
 e2e/test_scale_from_zero.py check on the real picker.
 """
@@ -28,32 +27,35 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e._procs import REPO_ROOT
 from e2e.addons import start_kube_state_metrics
+from e2e.chartenv import ChartOperator, condition, kubectl_json
 from e2e.cluster import Cluster, default_bin_dir
-from e2e.fixtures import tiny_sample
+from e2e.fixtures import chart_operator, tiny_sample
 from e2e.observability import (
-    KUBE_STATE_METRICS,
     OPERATOR_LABELS,
     RATE_INTERVAL,
     RUNTIME_LABELS,
     Load,
     Prometheus,
-    Runtime,
     dashboard,
     panel_queries,
     resolve_variables,
 )
-from e2e.processes import VENV_BIN, OperatorProcess, wait_until
+from e2e.processes import wait_until
+from e2e.realpods import HTTP_PORT, service_url
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = REPO_ROOT
 # The cost rules' token-rate window (chart value prometheusRule.costRateWindow, 5m by default): one minute,
 # so that the load has filled a whole window a minute after it started.
 COST_WINDOW_SECONDS = 60
 # spec.cost of the InferenceService that the runtime's series belong to (namespace ml, service tiny).
-GPU_HOUR_PRICE, API_PRICE, GPUS = 2.5, 0.6, 2
-REPLICAS = 1  # the one runtime process, scraped as pod tiny-7d9f-abcde
+GPU_HOUR_PRICE, API_PRICE, GPUS = 2.5, 0.6, 1
+REPLICAS = 1  # examples/tiny-cpu.yaml's one replica
+MAX_NUM_SEQS = 4  # fewer than the load's clients (6), so that requests queue
+READY_TIMEOUT = 420.0  # a first pull of the 7 GB runtime image, then the engine's start on two cores
 
 
 def chart_rules(workdir: Path) -> Path:
@@ -101,20 +103,46 @@ def prometheus(workdir: Path, cluster: Cluster) -> Iterator[Prometheus]:
 
 
 @pytest.fixture(scope="module")
-def loaded_runtime(prometheus: Prometheus, workdir: Path) -> Iterator[Load]:
-    """The runtime on the tiny model, scraped every second, under a steady stream of chat requests."""
-    model = workdir / "tiny-model"
-    subprocess.run(
-        [str(VENV_BIN / "pagoda-runtime"), "make-tiny-model", str(model)],
-        check=True,
-        timeout=300,
-        capture_output=True,
-    )
-    runtime = Runtime(model, workdir / "runtime").start()
-    load: Load | None = None
+def operator(cluster: Cluster) -> Iterator[ChartOperator]:
+    """The chart's operator, re-checking every InferenceService every 2 s, so that its reconcile panels
+    fill within a minute; with the chart's opt-in Secret existence check (rbac.secretExistenceCheck), so
+    that a missing Secret is the reconcile error the error panel shows (SecretNotFound)."""
+    values = ("operator.extraArgs={--resync-seconds=2}", "rbac.secretExistenceCheck=true")
+    with chart_operator(cluster, values=values) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def served(cluster: Cluster, operator: ChartOperator) -> dict[str, Any]:
+    """InferenceService ml/tiny (examples/tiny-cpu.yaml, its pod on the real node) with a known spec.cost and
+    at most MAX_NUM_SEQS sequences in a batch, so that the load queues; returns its Ready pod."""
+    namespace, name = RUNTIME_LABELS["namespace"], RUNTIME_LABELS["service"]
+    cluster.kubectl("create", "namespace", namespace, check=False)
+    service = tiny_sample(namespace, name, real_pods=True)
+    service["spec"]["engine"]["maxNumSeqs"] = MAX_NUM_SEQS
+    service["spec"]["cost"] = {"gpuHourPrice": GPU_HOUR_PRICE, "apiPricePerMillionTokens": API_PRICE}
+    assert service["spec"]["resources"]["gpu"]["count"] == GPUS
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service))
+
+    def ready() -> dict[str, Any] | None:
+        obj = kubectl_json(cluster, "get", "inferenceservice", name, "-n", namespace)
+        return obj if condition(obj, "Ready").get("status") == "True" else None
+
+    wait_until(ready, f"InferenceService {namespace}/{name} to be Ready", timeout=READY_TIMEOUT)
+    selector = f"app.kubernetes.io/instance={name}"
+    (pod,) = kubectl_json(cluster, "get", "pods", "-n", namespace, "-l", selector)["items"]
+    return dict(pod)
+
+
+@pytest.fixture(scope="module")
+def loaded_runtime(prometheus: Prometheus, cluster: Cluster, served: dict[str, Any]) -> Iterator[Load]:
+    """The runtime pod scraped every second at its pod IP (as a ServiceMonitor's target), under a steady
+    stream of chat requests through its Service's ClusterIP."""
+    namespace, name = RUNTIME_LABELS["namespace"], RUNTIME_LABELS["service"]
+    labels = {**RUNTIME_LABELS, "pod": served["metadata"]["name"]}
+    prometheus.add_target(f"{served['status']['podIP']}:{HTTP_PORT}", **labels)
+    load = Load(service_url(cluster, namespace, name), name).start()
     try:
-        prometheus.add_target(f"127.0.0.1:{runtime.port}", **RUNTIME_LABELS)
-        load = Load(runtime.url, runtime.served_name).start()
         # Enough traffic that every rate() over the rate interval sees it.
         wait_until(
             lambda: prometheus.query(
@@ -126,25 +154,15 @@ def loaded_runtime(prometheus: Prometheus, workdir: Path) -> Iterator[Load]:
         )
         yield load
     finally:
-        if load is not None:
-            load.stop()
-        runtime.stop()
+        load.stop()
 
 
 @pytest.fixture(scope="module")
-def priced_service(prometheus: Prometheus, cluster: Cluster, workdir: Path) -> Iterator[dict[str, Any]]:
-    """InferenceService ml/tiny (the name and namespace the runtime's series carry) with a known spec.cost,
-    and kube-state-metrics, with the chart's custom-resource-state config, scraped by the same Prometheus."""
-    crd = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
-    )
-    cluster.kubectl("create", "namespace", RUNTIME_LABELS["namespace"], check=False)
-    service = tiny_sample(RUNTIME_LABELS["namespace"], RUNTIME_LABELS["service"])
-    service["spec"]["resources"]["gpu"]["count"] = GPUS
-    service["spec"]["cost"] = {"gpuHourPrice": GPU_HOUR_PRICE, "apiPricePerMillionTokens": API_PRICE}
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service))
+def priced_service(
+    prometheus: Prometheus, cluster: Cluster, workdir: Path, served: dict[str, Any]
+) -> Iterator[None]:
+    """kube-state-metrics, with the chart's custom-resource-state config, scraped by the same Prometheus:
+    the price of ml/tiny and its Deployment's replicas."""
     ksm = start_kube_state_metrics(cluster, log_dir=workdir / "kube-state-metrics")
     try:
         prometheus.add_static_target(ksm.metrics_url.removeprefix("http://").removesuffix("/metrics"), "ksm")
@@ -154,25 +172,15 @@ def priced_service(prometheus: Prometheus, cluster: Cluster, workdir: Path) -> I
             timeout=120,
             interval=1,
         )
-        yield service
+        yield
     finally:
         ksm.stop()
-        cluster.kubectl("delete", "-f", "-", input=yaml.safe_dump(service), check=False)
 
 
 @pytest.fixture(scope="module")
-def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path) -> Iterator[None]:
-    """The operator reconciling a good and a broken InferenceService (missing Secret), resyncing often."""
-    cluster.kubectl(
-        "apply",
-        "--server-side",
-        "--force-conflicts",
-        "-f",
-        str(REPO / "crds" / "pagoda.dev_inferenceservices.yaml"),
-    )
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
-    )
+def reconciling_operator(prometheus: Prometheus, cluster: Cluster, operator: ChartOperator) -> Iterator[None]:
+    """The chart's operator reconciling a good and a broken InferenceService (missing Secret), scraped at
+    its pod IP with the labels its ServiceMonitor gives."""
     namespace = f"obs-{int(time.time())}"
     cluster.kubectl("create", "namespace", namespace)
     sample = tiny_sample(namespace)
@@ -180,9 +188,10 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path
     broken["metadata"]["name"] = "tiny-broken"
     broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([sample, broken]))
-    operator = OperatorProcess(cluster.kubeconfig, workdir / "operator.log", resync_seconds=2).start()
     try:
-        prometheus.add_target(f"127.0.0.1:{operator.port}", **OPERATOR_LABELS)
+        pod = operator.pod()
+        labels = {**OPERATOR_LABELS, "namespace": operator.namespace, "pod": pod["metadata"]["name"]}
+        prometheus.add_target(f"{pod['status']['podIP']}:{operator.port}", **labels)
         wait_until(
             lambda: (
                 prometheus.query(
@@ -200,9 +209,7 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, workdir: Path
         )
         yield
     finally:
-        operator.stop()
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-        print(f"\nThe operator's log is {operator.log_path}.")
 
 
 # The LoRA panels' counters exist only on a runtime serving adapters (docs/lora.md#metrics).
@@ -217,8 +224,6 @@ def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str
     empty = []
     for title, legend, expr in panel_queries(board, variables):
         result = prom.query(expr)  # raises on a PromQL error, naming the query
-        if any(metric in expr for metric in KUBE_STATE_METRICS):
-            continue  # kube-state-metrics runs with the add-ons: e2e/test_autoscaling.py checks these panels
         if any(metric in expr for metric in LORA_METRICS):
             continue  # no adapter is served here: tests/runtime/test_rt_lora.py checks the counters
         if any(metric in expr for metric in PICKER_METRICS):
@@ -237,7 +242,7 @@ def value(result: list[dict[str, Any]]) -> float:
 
 
 def test_inferenceservice_dashboard_panels_have_data_under_load(
-    prometheus: Prometheus, loaded_runtime: Load, priced_service: dict[str, Any]
+    prometheus: Prometheus, loaded_runtime: Load, priced_service: None
 ) -> None:
     board = dashboard("inferenceservice")
     assert resolve_variables(prometheus, board) == {"namespace": "ml", "service": "tiny"}
@@ -271,9 +276,14 @@ def test_queue_running_and_prefix_cache_panels_saw_the_load(
     assert value(hits) > 0, "the shared system prompt should hit the prefix cache"
 
 
-def test_operator_dashboard_panels_have_data(prometheus: Prometheus, reconciling_operator: None) -> None:
+def test_operator_dashboard_panels_have_data(
+    prometheus: Prometheus, reconciling_operator: None, operator: ChartOperator
+) -> None:
     board = dashboard("operator")
-    assert resolve_variables(prometheus, board) == {"namespace": "pagoda-system", "service": "pagoda-metrics"}
+    assert resolve_variables(prometheus, board) == {
+        "namespace": operator.namespace,
+        "service": OPERATOR_LABELS["service"],
+    }
     results = check_panels(prometheus, board)
     assert value(results[("Reconciles", "{{result}}")]) > 0
     assert value(results[("Reconcile errors", "{{reason}}")]) > 0
@@ -302,7 +312,7 @@ def test_chart_alert_rules_evaluate_on_real_data(prometheus: Prometheus, loaded_
 
 
 def test_cost_panels_match_the_arithmetic_on_the_measured_token_rate(
-    prometheus: Prometheus, loaded_runtime: Load, priced_service: dict[str, Any]
+    prometheus: Prometheus, loaded_runtime: Load, priced_service: None
 ) -> None:
     """The cost panels' values at one instant against the arithmetic on the same window of the load: the
     price and GPU count from spec.cost (through kube-state-metrics), one replica (the one runtime), and the
