@@ -31,9 +31,10 @@ import pytest
 import yaml
 
 from e2e import images
+from e2e._procs import REPO_ROOT
 from e2e.addons import install_keda_crds
 from e2e.argocd import EXAMPLES, NAMESPACE, RESYNC_SECONDS, ArgoCD, GitRepo, start_argocd
-from e2e.chartenv import CHART, CRD_NAME, REPO, ChartOperator, condition, kubectl_json
+from e2e.chartenv import CHART, CRD_NAME, ChartOperator, condition, kubectl_json
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
 from e2e.processes import wait_until
@@ -204,7 +205,7 @@ def gitops(cluster: Cluster, workdir: Path) -> Iterator[GitOps]:
         for ns in (SERVICES_NS, SYSTEM_NS, NAMESPACE):
             cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
         # Leave the CRD installed for the tests that come after.
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
         print(f"\nArgo CD's logs are in {workdir / 'argocd' / 'logs'}.")
 
 

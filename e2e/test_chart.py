@@ -26,10 +26,10 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e._procs import REPO_ROOT
 from e2e.chartenv import (
     CHART,
     CRD_NAME,
-    REPO,
     ChartOperator,
     adopt_crd,
     condition,
@@ -49,7 +49,9 @@ RESYNC = "operator.extraArgs={--resync-seconds=3}"
 # by the API server's NamespaceLifecycle admission, whatever the RBAC.
 NAMESPACE_TERMINATING = "because it is being terminated"
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
-HEALTH_LUA = REPO / "argocd" / "resource_customizations" / "pagoda.dev" / "InferenceService" / "health.lua"
+HEALTH_LUA = (
+    REPO_ROOT / "argocd" / "resource_customizations" / "pagoda.dev" / "InferenceService" / "health.lua"
+)
 
 
 def sample(namespace: str, name: str, autoscaled: bool = False) -> dict[str, Any]:
@@ -89,7 +91,7 @@ def release_ns(cluster: Cluster) -> Iterator[str]:
     helm(cluster, "uninstall", RELEASE, "-n", name, "--ignore-not-found", check=False)
     cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found")
     # Leave the CRD installed for the tests that come after (as the harness' users expect it).
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
 
 
 @pytest.fixture(scope="module")

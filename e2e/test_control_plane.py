@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from e2e import realnode
-from e2e._objects import GPU_PRODUCT_LABEL, GPU_RESOURCE, KWOK_SCHEDULING, KWOK_TAINT, request
+from e2e._objects import GPU_RESOURCE, KWOK_SCHEDULING, KWOK_TAINT, request
 from e2e._procs import all_alive
 from e2e.cluster import (
     COMPONENTS,
@@ -27,6 +27,7 @@ from e2e.cluster import (
     check_bin_dir,
 )
 from e2e.processes import wait_until
+from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
 pytestmark = pytest.mark.e2e
 # What `python -m e2e up --no-real-node` runs: the control plane, the add-ons and the operator.

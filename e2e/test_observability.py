@@ -43,7 +43,8 @@ from e2e.observability import (
     resolve_variables,
 )
 from e2e.processes import wait_until
-from e2e.realpods import HTTP_PORT, service_url
+from e2e.realpods import service_url
+from pagoda.runtime.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
 
