@@ -29,7 +29,7 @@ import yaml
 
 from e2e._procs import REPO_ROOT
 from e2e.addons import start_kube_state_metrics
-from e2e.chartenv import ChartOperator, condition, kubectl_json
+from e2e.chartenv import ChartOperator
 from e2e.cluster import Cluster, default_bin_dir
 from e2e.fixtures import chart_operator, tiny_sample
 from e2e.observability import (
@@ -43,7 +43,7 @@ from e2e.observability import (
     resolve_variables,
 )
 from e2e.processes import wait_until
-from e2e.realpods import service_url
+from e2e.realpods import pods, service_url, wait_condition
 from pagoda.runtime.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
@@ -124,15 +124,9 @@ def served(cluster: Cluster, operator: ChartOperator) -> dict[str, Any]:
     service["spec"]["cost"] = {"gpuHourPrice": GPU_HOUR_PRICE, "apiPricePerMillionTokens": API_PRICE}
     assert service["spec"]["resources"]["gpu"]["count"] == GPUS
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service))
-
-    def ready() -> dict[str, Any] | None:
-        obj = kubectl_json(cluster, "get", "inferenceservice", name, "-n", namespace)
-        return obj if condition(obj, "Ready").get("status") == "True" else None
-
-    wait_until(ready, f"InferenceService {namespace}/{name} to be Ready", timeout=READY_TIMEOUT)
-    selector = f"app.kubernetes.io/instance={name}"
-    (pod,) = kubectl_json(cluster, "get", "pods", "-n", namespace, "-l", selector)["items"]
-    return dict(pod)
+    wait_condition(cluster, namespace, name, "Ready", timeout=READY_TIMEOUT)
+    (pod,) = pods(cluster, namespace, name)
+    return pod
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from e2e.chartenv import adopt_crd, condition, helm, kubectl_json
 from e2e.cluster import Cluster, install_operator
 from e2e.fixtures import tiny_sample
 from e2e.processes import http_ok, wait_until
-from e2e.realpods import port_forward, service_url
+from e2e.realpods import pods, port_forward, service_url, wait_condition
 from pagoda.runtime.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
@@ -191,15 +191,9 @@ def _chat(url: str) -> tuple[int, dict[str, Any]]:
 def served(cluster: Cluster, release: str) -> dict[str, Any]:
     """examples/tiny-cpu.yaml on the real node, from the CPU runtime image; returns its Ready pod."""
     cluster.kubectl("apply", "-f", "-", input=json.dumps(tiny_sample(release, SERVICE, real_pods=True)))
-
-    def ready() -> dict[str, Any] | None:
-        obj = kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", release)
-        return obj if condition(obj, "Ready").get("status") == "True" else None
-
-    wait_until(ready, f"InferenceService {SERVICE} on the real node to be Ready", timeout=READY_TIMEOUT)
-    selector = f"app.kubernetes.io/instance={SERVICE}"
-    (pod,) = kubectl_json(cluster, "get", "pods", "-n", release, "-l", selector)["items"]
-    return dict(pod)
+    wait_condition(cluster, release, SERVICE, "Ready", timeout=READY_TIMEOUT)
+    (pod,) = pods(cluster, release, SERVICE)
+    return pod
 
 
 def test_runtime_image_serves_chat_through_its_service(
