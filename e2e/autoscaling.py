@@ -44,7 +44,8 @@ POLLING_SECONDS, COOLDOWN_SECONDS = 5, 30
 EXTERNAL_METRICS = "/apis/external.metrics.k8s.io/v1beta1"
 
 
-def autoscaled_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
+def autoscaled_sample(namespace: str) -> dict[str, Any]:
+    """KEDA finds Prometheus at the default `prometheusAddress`, a Service name, as in a user's cluster."""
     sample = tiny_sample(namespace, NAME, real_pods=True)
     sample["spec"].pop("replicas")
     # New replicas start their engines beside a busy one on two shared cores: minutes, not seconds.
@@ -57,7 +58,6 @@ def autoscaled_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
         "targetInFlight": TARGET_IN_FLIGHT,
         "pollingInterval": POLLING_SECONDS,
         "cooldownPeriod": COOLDOWN_SECONDS,
-        "prometheusAddress": prometheus_url,
     }
     return sample
 
@@ -218,7 +218,7 @@ def run_scenario(
 ) -> tuple[Timeline, Load]:
     """Applies the autoscaled service, loads it until all replicas are Ready (plus a while), stops the
     load and waits until it is back to its minimum. Returns the timeline and the load (its records)."""
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(autoscaled_sample(namespace, prometheus_url)))
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(autoscaled_sample(namespace)))
     wait_condition(cluster, namespace, NAME, "Ready")
     url = service_url(cluster, namespace, NAME)
     load = Load(url, NAME, clients=CLIENTS, max_tokens=32, max_seconds=900)

@@ -38,6 +38,7 @@ REAL_NODE_BINARIES = (
     "ctr",
     "kubelet",
     "kube-proxy",
+    "coredns",
     "registry",
     "cni/bridge",
     "cni/host-local",

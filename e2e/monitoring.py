@@ -1,12 +1,13 @@
 """Prometheus for the local cluster, configured as the Prometheus Operator would configure it (test harness).
 
-    python -m e2e.monitoring --kubeconfig K --workdir DIR --port PORT [--static JOB=HOST:PORT ...]
+    python -m e2e.monitoring --kubeconfig K --workdir DIR [--host H] --port PORT [--static JOB=HOST:PORT ...]
 
-Runs Debian's `prometheus` as a child on 127.0.0.1:PORT and keeps its configuration in step with the
-cluster: every 2 seconds it lists the ServiceMonitors and turns them into the scrape configs the Prometheus
-Operator would write (e2e/prometheus_sd.py: one job per endpoint, its relabelling), adds the static jobs
-(kube-state-metrics), and reloads Prometheus when the result changed. The series of a runtime pod so carry
-the `namespace`, `service` and `pod` labels that the operator's ScaledObject queries and the dashboards
+Runs Debian's `prometheus` as a child on HOST:PORT (default 127.0.0.1; e2e/stack.py gives a real node's
+address, where the `prometheus-operated` Service sends cluster traffic) and keeps its configuration in step
+with the cluster: every 2 seconds it lists the ServiceMonitors and turns them into the scrape configs the
+Prometheus Operator would write (e2e/prometheus_sd.py: one job per endpoint, its relabelling), adds the static
+jobs (kube-state-metrics), and reloads Prometheus when the result changed. The series of a runtime pod so
+carry the `namespace`, `service` and `pod` labels that the operator's ScaledObject queries and the dashboards
 select, without a hand-written target per test.
 
 Discovery: Debian builds Prometheus without Kubernetes service discovery (its NEWS: "Kubernetes support has
@@ -113,7 +114,7 @@ def write_if_changed(path: Path, text: str) -> bool:
     return True
 
 
-def run(kubeconfig: Path, workdir: Path, port: int, static: dict[str, str]) -> int:
+def run(kubeconfig: Path, workdir: Path, host: str, port: int, static: dict[str, str]) -> int:
     from kubernetes import config as kube_config
 
     api = kube_config.new_client_from_config(config_file=str(kubeconfig))
@@ -124,7 +125,7 @@ def run(kubeconfig: Path, workdir: Path, port: int, static: dict[str, str]) -> i
         prometheus_binary(),
         f"--config.file={config_path}",
         f"--storage.tsdb.path={workdir / 'data'}",
-        f"--web.listen-address=127.0.0.1:{port}",
+        f"--web.listen-address={host}:{port}",
         "--web.enable-lifecycle",
         "--storage.tsdb.retention.time=2h",
         "--log.level=warn",
@@ -134,12 +135,12 @@ def run(kubeconfig: Path, workdir: Path, port: int, static: dict[str, str]) -> i
             args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_procs._die_with_parent
         )
     signal.signal(signal.SIGTERM, lambda *_: prometheus.terminate())
-    print(f"prometheus (pid {prometheus.pid}) on 127.0.0.1:{port}", flush=True)
+    print(f"prometheus (pid {prometheus.pid}) on {host}:{port}", flush=True)
     while prometheus.poll() is None:
         wanted = discover(api, kubeconfig, workdir, static)
         if wanted is not None and write_if_changed(config_path, wanted):
             try:
-                reload = urllib.request.Request(f"http://127.0.0.1:{port}/-/reload", method="POST")
+                reload = urllib.request.Request(f"http://{host}:{port}/-/reload", method="POST")
                 urllib.request.urlopen(reload, timeout=10).close()
                 print(
                     f"reloaded: jobs {[job['job_name'] for job in yaml.safe_load(wanted)['scrape_configs']]}",
@@ -155,11 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.monitoring", description=__doc__.split("\n")[0])
     parser.add_argument("--kubeconfig", required=True, type=Path)
     parser.add_argument("--workdir", required=True, type=Path)
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", required=True, type=int)
     parser.add_argument("--static", action="append", default=[], help="JOB=HOST:PORT, scraped as is")
     args = parser.parse_args(argv)
     static = dict(item.split("=", 1) for item in args.static)
-    return run(args.kubeconfig, args.workdir, args.port, static)
+    return run(args.kubeconfig, args.workdir, args.host, args.port, static)
 
 
 if __name__ == "__main__":

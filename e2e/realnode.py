@@ -1,9 +1,10 @@
 """A real Kubernetes node on this machine: containerd (from its Go module) with Debian's runc, the CNI
 bridge, host-local and loopback plugins, and kubelet and kube-proxy from the pinned Kubernetes, all built by
 e2e/tools/build.sh. Its pods run from OCI images pulled from the local registry (e2e/registry.py), with
-their securityContext and resource limits enforced by runc and the kernel, and Services work through
-kube-proxy (nftables mode). Only the GPU is simulated: the node advertises `nvidia.com/gpu` as a node-level
-extended resource (the one fake), so that Pagoda's GPU pods schedule here unchanged.
+their securityContext and resource limits enforced by runc and the kernel; Services work through
+kube-proxy (nftables mode) and their names resolve through CoreDNS (e2e/clusterdns.py). Only the GPU is
+simulated: the node advertises `nvidia.com/gpu` as a node-level extended resource (the one fake), so that
+Pagoda's GPU pods schedule here unchanged.
 
     network = NodeNetwork.create()        # before kube-apiserver, which serves on network.address
     node = RealNode.start(cluster, launcher, network, registry, deadline)
@@ -44,7 +45,7 @@ from typing import Any
 
 import yaml
 
-from e2e import _objects, _pki, _procs, podnet
+from e2e import _objects, _pki, _procs, clusterdns, podnet
 from e2e.processes import free_ports
 
 NODE_NAME = "pagoda-kubelet-0"
@@ -63,7 +64,7 @@ CNI_NETWORK = "pagoda"
 # without /usr/sbin it leaves the host's iptables alone. kube-proxy (nftables mode) and runc are named
 # by absolute path or need nothing from there.
 KUBELET_PATH = "/usr/local/bin:/usr/bin:/bin"
-NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy")
+NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy", "coredns")
 
 
 class NodeError(RuntimeError):
@@ -230,6 +231,12 @@ class NodePaths:
         return cls(workdir / "node")
 
     @property
+    def resolv_conf(self) -> Path:
+        """The cluster DNS's resolv.conf, for host processes that stand in for pods
+        (clusterdns.in_cluster_dns)."""
+        return self.root / "resolv.conf"
+
+    @property
     def containerd_socket(self) -> Path:
         return self.root / "containerd" / "containerd.sock"
 
@@ -338,7 +345,10 @@ def _kubelet_config(
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": net.cgroup_root,
         "failSwapOn": False,
-        "resolvConf": "",  # no cluster DNS: nothing Pagoda runs needs a Service name (docs/local-cluster.md)
+        # Pods get the cluster's DNS (CoreDNS on the node's address), never the host's resolver.
+        "clusterDNS": [net.address],
+        "clusterDomain": clusterdns.CLUSTER_DOMAIN,
+        "resolvConf": "",
         "podLogsDir": str(paths.root / "pod-logs"),
         "serializeImagePulls": False,
         # Shared, small disks: evict only when really full, and never collect images.
@@ -431,7 +441,20 @@ class RealNode:
             cert=root / "kube-proxy.crt",
             key=root / "kube-proxy.key",
         )
-        kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics = free_ports(4)
+        _pki.issue_leaf(pki, root / "coredns.crt", root / "coredns.key", clusterdns.USER)
+        _procs.write_kubeconfig(
+            root / "coredns.kubeconfig",
+            server,
+            pki,
+            user=clusterdns.USER,
+            cert=root / "coredns.crt",
+            key=root / "coredns.key",
+        )
+        kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics, dns_health, dns_ready = free_ports(6)
+        (root / "Corefile").write_text(
+            clusterdns.corefile(network.address, root / "coredns.kubeconfig", dns_health, dns_ready)
+        )
+        paths.resolv_conf.write_text(clusterdns.resolv_conf(network.address))
         (root / "kubelet.yaml").write_text(
             yaml.safe_dump(_kubelet_config(network, paths, pki, kubelet_port, kubelet_healthz))
         )
@@ -453,11 +476,13 @@ class RealNode:
                 "--v=1",
             ],
             "kube-proxy": [f"--config={root / 'kube-proxy.yaml'}", "--v=1"],
+            "coredns": [f"-conf={root / 'Corefile'}"],
         }
         node = cls(network, paths, bin_dir)
         node.healthz = {
             "kubelet": f"http://127.0.0.1:{kubelet_healthz}/healthz",
             "kube-proxy": f"http://127.0.0.1:{proxy_healthz}/healthz",
+            "coredns": f"http://127.0.0.1:{dns_ready}/ready",  # once it has listed Services
         }
         return node, args
 
@@ -470,9 +495,13 @@ def start(
     registry: str,
     deadline: float,
 ) -> RealNode:
-    """Starts containerd, kubelet and kube-proxy for `network`, waits until the node is Ready, and
-    advertises its (fake) GPUs. Their PIDs go into cluster.pids like every other component's."""
+    """Starts containerd, kubelet, kube-proxy and CoreDNS for `network`, waits until the node is Ready and
+    names resolve, and advertises its (fake) GPUs. Their PIDs go into cluster.pids like every other
+    component's."""
     node, args = RealNode.configure(cluster.workdir, cluster.bin_dir, network, pki, cluster.server, registry)
+    cluster.kubectl(
+        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": clusterdns.RBAC})
+    )
     env = {
         # containerd finds its shim next to itself; kubelet sees no iptables (KUBELET_PATH).
         "containerd": {**os.environ, "PATH": f"{cluster.bin_dir}:{os.environ.get('PATH', '')}"},

@@ -3,26 +3,38 @@ them: KEDA and kube-state-metrics (e2e/addons.py) and Prometheus kept in step wi
 ServiceMonitors (e2e/monitoring.py), which also scrapes kube-state-metrics.
 
     stack = start_stack(cluster)     # returns once KEDA's APIService is Available and Prometheus is ready
-    stack.prometheus_url             # http://127.0.0.1:PORT, what a ScaledObject's serverAddress names
+    stack.prometheus_url             # http://HOST:PORT, for the tests' own queries
     stack.stop()
+
+With a real node, Prometheus is also where a user's cluster has it: the Service `prometheus-operated` in
+namespace `monitoring`, port 9090 (what the Prometheus Operator names it, and so the default
+`spec.autoscaling.prometheusAddress`). Prometheus listens on the node's address, which the Service's
+EndpointSlice names (a selectorless Service: the process is not a pod), and KEDA's operator resolves the name
+through the cluster DNS (e2e/clusterdns.py). ScaledObjects then need no address of the harness's.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 from e2e import _procs, images
 from e2e.addons import AddonProcess, Addons, start_addons
 from e2e.cluster import Cluster, start_private
 from e2e.processes import OperatorProcess, free_port, http_ok
+from pagoda.operator.api.scaling import AutoscalingSpec
 
 MONITORING = "monitoring"
 START_TIMEOUT = 180.0
+# Where a ScaledObject looks for Prometheus unless the InferenceService says otherwise.
+DEFAULT_PROMETHEUS = urlsplit(AutoscalingSpec.model_fields["prometheus_address"].default)
 
 
 @dataclass
@@ -30,11 +42,12 @@ class Stack:
     cluster: Cluster
     addons: Addons
     monitoring: AddonProcess
+    prometheus_host: str
     prometheus_port: int
 
     @property
     def prometheus_url(self) -> str:
-        return f"http://127.0.0.1:{self.prometheus_port}"
+        return f"http://{self.prometheus_host}:{self.prometheus_port}"
 
     @property
     def pids(self) -> dict[str, int]:
@@ -50,34 +63,69 @@ class Stack:
 
 def start_monitoring(
     cluster: Cluster, *, detach: bool, ksm_address: str, timeout: float
-) -> tuple[AddonProcess, int]:
-    """`python -m e2e.monitoring` (Prometheus and its ServiceMonitor sync) against `cluster`."""
-    port = free_port()
+) -> tuple[AddonProcess, str, int]:
+    """`python -m e2e.monitoring` (Prometheus and its ServiceMonitor sync) against `cluster`; returns it and
+    the address Prometheus listens on (the real node's, or loopback without one)."""
+    host, port = ("127.0.0.1" if cluster.node is None else cluster.node.address), free_port()
     process = AddonProcess(MONITORING, cluster.bin_dir, cluster.workdir / "logs", detach=detach)
     process.exe = _procs.program(cluster.bin_dir, MONITORING)
     args = ["-m", _procs.PYTHON_COMPONENTS[MONITORING], f"--kubeconfig={cluster.kubeconfig}"]
-    args += [f"--workdir={cluster.workdir / 'prometheus'}", f"--port={port}"]
+    args += [f"--workdir={cluster.workdir / 'prometheus'}", f"--host={host}", f"--port={port}"]
     args += [f"--static=kube-state-metrics={ksm_address}"]
     process.start(args, env={**os.environ, "PYTHONPATH": str(_procs.REPO_ROOT)})
     deadline = time.monotonic() + timeout
-    while not http_ok(f"http://127.0.0.1:{port}/-/ready"):
+    while not http_ok(f"http://{host}:{port}/-/ready"):
         process.check_alive()
         if time.monotonic() > deadline:
             process.stop()
             raise _procs.StartError(f"Prometheus did not get ready in {timeout:.0f}s:\n{process.excerpt()}")
         time.sleep(0.2)
-    return process, port
+    return process, host, port
+
+
+def prometheus_service(host: str, port: int) -> list[dict[str, Any]]:
+    """The namespace, Service and EndpointSlice that make DEFAULT_PROMETHEUS lead to Prometheus at host:port.
+    A ClusterIP Service, where the Prometheus Operator's is headless: the Service maps port 9090 to the
+    process's free port, which a headless name could not."""
+    name, namespace = DEFAULT_PROMETHEUS.hostname.split(".")[:2]  # type: ignore[union-attr]
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"ports": [{"name": "web", "port": DEFAULT_PROMETHEUS.port, "targetPort": port}]},
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": name,
+                "namespace": namespace,
+                "labels": {
+                    "kubernetes.io/service-name": name,
+                    "endpointslice.kubernetes.io/managed-by": "e2e.pagoda.dev",
+                },
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [host], "conditions": {"ready": True}}],
+            "ports": [{"name": "web", "port": port, "protocol": "TCP"}],
+        },
+    ]
 
 
 def start_stack(cluster: Cluster, *, detach: bool = False, timeout: float = START_TIMEOUT) -> Stack:
     addons = start_addons(cluster, detach=detach, timeout=timeout)
     try:
         ksm = addons.kube_state_metrics.metrics_url.removeprefix("http://").removesuffix("/metrics")
-        monitoring, port = start_monitoring(cluster, detach=detach, ksm_address=ksm, timeout=timeout)
+        monitoring, host, port = start_monitoring(cluster, detach=detach, ksm_address=ksm, timeout=timeout)
     except BaseException:
         addons.stop()
         raise
-    return Stack(cluster, addons, monitoring, port)
+    if cluster.node is not None:
+        objects = {"apiVersion": "v1", "kind": "List", "items": prometheus_service(host, port)}
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(objects))
+    return Stack(cluster, addons, monitoring, host, port)
 
 
 def run_operator(cluster: Cluster, log: Path) -> OperatorProcess:

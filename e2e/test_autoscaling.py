@@ -16,7 +16,7 @@ from e2e.autoscaling import MAX_REPLICAS, MIN_REPLICAS, NAME, TARGET_IN_FLIGHT, 
 from e2e.chartenv import ChartOperator
 from e2e.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
 from e2e.realpods import get_json, isvc
-from e2e.stack import Stack
+from e2e.stack import DEFAULT_PROMETHEUS, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -30,6 +30,9 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
 
     assert load.failures == [], load.failures[:10]
     assert load.completed > 50
+    # KEDA found Prometheus at the default address, a Service name, through the cluster DNS.
+    trigger = get_json(stack.cluster, "scaledobject", NAME, "-n", namespace)["spec"]["triggers"][0]
+    assert trigger["metadata"]["serverAddress"] == DEFAULT_PROMETHEUS.geturl()
     during = [s for s in timeline.samples if timeline.marks["load_start"] < s.t < timeline.marks["load_end"]]
     # The signal went through every stage: Prometheus, KEDA's external metric, the HPA.
     assert max(s.signal or 0 for s in during) > TARGET_IN_FLIGHT

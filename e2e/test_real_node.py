@@ -140,6 +140,47 @@ def test_cluster_ip_answers_from_the_host(cluster: Cluster, release: str) -> Non
     wait_until(lambda: http_ok(f"http://{ip}:{port}/healthz") or None, f"{ip}:{port}/healthz", timeout=30)
 
 
+# Resolves each name of argv in the pod as its programs do (the libc resolver: /etc/resolv.conf from the
+# kubelet) and prints one JSON object: name -> [address or null, seconds].
+RESOLVE = """
+import json, socket, sys, time
+found = {}
+for name in sys.argv[1:]:
+    began = time.monotonic()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        address = None
+    found[name] = [address, time.monotonic() - began]
+print(json.dumps(found))
+"""
+
+
+def test_pods_resolve_service_names_through_cluster_dns(cluster: Cluster, release: str) -> None:
+    """CoreDNS on the node answers the cluster's names for pods (the kubelet's clusterDNS and search path) and
+    refuses every other name at once: nothing is forwarded, so a public name fails in well under a second."""
+    service = f"{FULLNAME}-metrics"
+    ip = kubectl_json(cluster, "get", "service", service, "-n", release)["spec"]["clusterIP"]
+    api_ip = kubectl_json(cluster, "get", "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+    names = [
+        service,
+        f"{service}.{release}.svc",
+        f"{service}.{release}.svc.cluster.local",
+        "kubernetes.default",
+    ]
+    pod = _operator_pod(cluster, release)["metadata"]["name"]
+    out = cluster.kubectl("exec", "-n", release, pod, "--", "python", "-c", RESOLVE, *names, "example.com")
+    found = json.loads(out.stdout)
+    assert {name: found[name][0] for name in names} == {
+        service: ip,
+        f"{service}.{release}.svc": ip,
+        f"{service}.{release}.svc.cluster.local": ip,
+        "kubernetes.default": api_ip,
+    }, found
+    address, seconds = found["example.com"]
+    assert address is None and seconds < 1.0, found
+
+
 def test_missing_image_fails_at_once_from_the_local_registry(cluster: Cluster, namespace: str) -> None:
     """Every registry is the local one: an image it lacks is ErrImagePull in seconds, never a lookup
     elsewhere (no DNS, no packet off the machine: the guard table dropped nothing)."""

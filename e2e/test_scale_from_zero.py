@@ -33,7 +33,8 @@ POLLING_SECONDS, COOLDOWN_SECONDS = 5, 30
 PICKS = "inference_extension_scheduler_attempts_total"
 
 
-def routed_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
+def routed_sample(namespace: str) -> dict[str, Any]:
+    """KEDA finds Prometheus at the default `prometheusAddress`, a Service name, as in a user's cluster."""
     sample = tiny_sample(namespace, NAME, real_pods=True)
     spec = sample["spec"]
     spec.pop("replicas")
@@ -46,7 +47,6 @@ def routed_sample(namespace: str, prometheus_url: str) -> dict[str, Any]:
         "targetInFlight": 4,
         "pollingInterval": POLLING_SECONDS,
         "cooldownPeriod": COOLDOWN_SECONDS,
-        "prometheusAddress": prometheus_url,
     }
     # The real node has two cores: a small request for the picker (the default is a whole core).
     spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600, "cpu": "250m"}}
@@ -118,7 +118,7 @@ def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
     stack: Stack, operator: ChartOperator, namespace: str
 ) -> None:
     cluster = stack.cluster
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace, stack.prometheus_url)))
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace)))
     # The Deployment starts at one replica; with no request anywhere KEDA takes it to zero.
     wait_until(
         lambda: at_zero(stack, namespace), "the service at zero replicas, Ready ScaledToZero", 300, 1.0

@@ -7,7 +7,8 @@
 # model-source test (minio/go.mod), KEDA's operator and metrics adapter (keda/go.mod), kube-state-metrics
 # (kube-state-metrics/go.mod) and the Gateway API Inference Extension's endpoint picker (gie/go.mod), Argo CD's
 # application controller and repo server (argocd/go.mod: one small main, built with the Go toolchain its go.mod
-# names), the e2e add-ons, actionlint (actionlint/go.mod: `make lint` checks .github/workflows with it), and
+# names), CoreDNS for the real node's cluster DNS (coredns/go.mod: a small main with the plugins it uses), the e2e
+# add-ons, actionlint (actionlint/go.mod: `make lint` checks .github/workflows with it), and
 # dashboard-lint (dashboard-lint/go.mod: checks the chart's Grafana dashboards
 # against Grafana's schema, for the unit tests).
 # Copies the third-party CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the
@@ -17,10 +18,12 @@
 #
 # OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd,
 # kwok, helm, containerd, containerd-shim-runc-v2, ctr, cni/{bridge,host-local,loopback}, registry, minio,
-# keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), dashboard-lint, actionlint and
-# crds/*.yaml; all static (CGO_ENABLED=0). Idempotent:
-# OUTDIR/.build-stamp holds a hash of every module's go.mod and go.sum and this script; when it matches and
-# every output exists, nothing is done. Go's module and build caches make a rebuild after a version change incremental.
+# keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), coredns, dashboard-lint,
+# actionlint and crds/*.yaml; all static (CGO_ENABLED=0). Incremental per step: OUTDIR/.stamps/<step> holds a hash
+# of what the step builds from (its module's go.mod, go.sum and main.go, the step's function and arguments); a
+# step whose stamp matches and whose outputs exist is skipped. So a new or re-pinned tool builds only itself when
+# OUTDIR holds the previous build (the Makefile seeds it from the last cached build), and Go's module and build
+# caches make even a changed step incremental.
 set -euo pipefail
 
 CONTAINERD_MODULE=github.com/containerd/containerd/v2
@@ -30,14 +33,13 @@ KEDA_MODULE=github.com/kedacore/keda/v2
 KSM_MODULE=k8s.io/kube-state-metrics/v2
 GIE_MODULE=sigs.k8s.io/gateway-api-inference-extension
 ARGOCD_MODULE=github.com/argoproj/argo-cd/v3
+COREDNS_MODULE=github.com/coredns/coredns
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.85.0
 
 # The CNI plugins go to OUTDIR/cni/, a directory of their own for the runtime's CNI bin_dir.
 CNI_PLUGINS=(bridge host-local loopback)
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy etcd kwok helm
-    containerd containerd-shim-runc-v2 ctr "${CNI_PLUGINS[@]/#/cni/}" registry minio
-    keda-operator keda-adapter kube-state-metrics epp argocd git-verify-wrapper.sh dashboard-lint actionlint)
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 # All six of KEDA's CRDs (its operator watches every kind), then the Prometheus Operator's two.
 KEDA_CRDS=(keda.sh_scaledobjects.yaml keda.sh_scaledjobs.yaml keda.sh_triggerauthentications.yaml
     keda.sh_clustertriggerauthentications.yaml eventing.keda.sh_cloudeventsources.yaml
@@ -59,25 +61,9 @@ if [[ $# -ne 1 ]]; then
     exit 2
 fi
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-mkdir -p "$1/crds" "$1/cni"
+mkdir -p "$1/crds" "$1/cni" "$1/.stamps"
 out="$(cd "$1" && pwd)"
-
-stamp="$(cat "$here/go.mod" "$here/go.sum" "$here/build.sh" "$here/containerd/go.mod" "$here/containerd/go.sum" \
-    "$here/cni/go.mod" "$here/cni/go.sum" "$here/registry/go.mod" "$here/registry/go.sum" \
-    "$here/minio/go.mod" "$here/minio/go.sum" \
-    "$here/keda/go.mod" "$here/keda/go.sum" "$here/kube-state-metrics/go.mod" "$here/kube-state-metrics/go.sum" \
-    "$here/gie/go.mod" "$here/gie/go.sum" "$here/argocd/go.mod" "$here/argocd/go.sum" "$here/argocd/main.go" \
-    "$here/dashboard-lint/go.mod" "$here/dashboard-lint/go.sum" "$here/actionlint/go.mod" "$here/actionlint/go.sum" |
-    sha1sum | cut -c1-16)"
-current=1
-[[ "$(cat "$out/.build-stamp" 2>/dev/null)" == "$stamp" ]] || current=0
-for f in "${BINARIES[@]}"; do [[ -x "$out/$f" ]] || current=0; done
-for f in "${CRDS[@]}"; do [[ -s "$out/crds/$f" ]] || current=0; done
-[[ -s "$out/kwok-stages.yaml" ]] || current=0
-if [[ $current == 1 ]]; then
-    echo "Tools up to date in $out (stamp $stamp)."
-    exit 0
-fi
+rm -f "$out/.build-stamp" # the whole-build stamp of earlier versions of this script
 
 cd "$here"
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
@@ -95,6 +81,7 @@ gie_version="$(go -C gie list -m -f '{{.Version}}' "$GIE_MODULE")"
 argocd_toolchain="$(sed -n 's/^toolchain //p' argocd/go.mod)"
 argocd_go() { GOTOOLCHAIN="$argocd_toolchain" go -C "$here/argocd" "$@"; }
 argocd_version="$(argocd_go list -m -f '{{.Version}}' "$ARGOCD_MODULE")"
+coredns_version="$(go -C coredns list -m -f '{{.Version}}' "$COREDNS_MODULE")"
 k8s_minor="$(cut -d. -f2 <<<"$k8s_version")"
 k8s_x=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -116,14 +103,48 @@ gie_x="-X $GIE_MODULE/version.BuildRef=$gie_version"
 argocd_x="-X $ARGOCD_MODULE/common.version=${argocd_version#v} -X $ARGOCD_MODULE/common.gitTreeState=clean"
 build_flags=(-trimpath)
 total_start=$SECONDS
-step_start=$SECONDS
+built=()
+# step ID MODULE OUTPUTS LABEL FUNCTION [ARGS...]: runs FUNCTION ARGS unless OUTDIR/.stamps/ID matches the hash of
+# MODULE's go.mod, go.sum and main.go (MODULE is a folder under e2e/tools, "." for the Kubernetes one), of this
+# step's function and arguments, and every file of OUTPUTS (space-separated, relative to OUTDIR) exists.
 step() {
-    local name="$1"
-    shift
-    step_start=$SECONDS
-    echo "==> $name"
+    local id="$1" module="$2" outputs="$3" label="$4"
+    shift 4
+    local key f current=1 started=$SECONDS
+    key="$({
+        cat "$here/$module/go.mod" "$here/$module/go.sum"
+        [[ ! -f "$here/$module/main.go" ]] || cat "$here/$module/main.go"
+        declare -f "$1"
+        echo "$*"
+    } | sha1sum | cut -c1-16)"
+    [[ "$(cat "$out/.stamps/$id" 2>/dev/null)" == "$key" ]] || current=0
+    for f in $outputs; do [[ -s "$out/$f" ]] || current=0; done
+    if [[ $current == 1 ]]; then
+        echo "==> $label: up to date"
+        return
+    fi
+    echo "==> $label"
+    rm -f "$out/.stamps/$id"
     "$@"
-    echo "    $name took $((SECONDS - step_start))s"
+    echo "$key" >"$out/.stamps/$id"
+    built+=("$id")
+    echo "    $label took $((SECONDS - started))s"
+}
+
+build_kubernetes() {
+    go build "${build_flags[@]}" -ldflags="-s -w$k8s_x" -o "$out/" "${K8S_BINARIES[@]/#/k8s.io/kubernetes/cmd/}"
+}
+
+build_etcd() {
+    go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/etcd" ./cmd/etcd
+}
+
+build_kwok() {
+    go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/kwok" sigs.k8s.io/kwok/cmd/kwok
+}
+
+build_helm() {
+    go build "${build_flags[@]}" -ldflags="-s -w $helm_x" -o "$out/helm" helm.sh/helm/v3/cmd/helm
 }
 
 # Without the btrfs (needs cgo), devmapper and ZFS snapshotters; overlayfs and native remain. All three programs
@@ -161,14 +182,15 @@ build_epp() {
     (cd "$here/gie" && go build "${build_flags[@]}" -ldflags="-s -w $gie_x" -o "$out/epp" "$GIE_MODULE/cmd/epp")
 }
 
+# The repo server runs Argo CD's git-verify-wrapper.sh from PATH on every checkout (v3.6 verifies commit signatures
+# even with GPG off); Argo CD's image copies it from hack/ to /usr/local/bin.
 build_argocd() {
     argocd_go build "${build_flags[@]}" -ldflags="-s -w $argocd_x" -o "$out/argocd" .
+    install -m 0755 "$(module_dir argocd "$ARGOCD_MODULE")/hack/git-verify-wrapper.sh" "$out/"
 }
 
-# The repo server runs this script from PATH on every checkout (v3.6 verifies commit signatures even with GPG
-# off); Argo CD's image copies it from hack/ to /usr/local/bin.
-copy_argocd_scripts() {
-    install -m 0755 "$(argocd_go list -m -f '{{.Dir}}' "$ARGOCD_MODULE")/hack/git-verify-wrapper.sh" "$out/"
+build_coredns() {
+    (cd "$here/coredns" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/coredns" .)
 }
 
 build_actionlint() {
@@ -183,16 +205,20 @@ build_dashboard_lint() {
     (cd "$here/dashboard-lint" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/dashboard-lint" .)
 }
 
+# module_dir FOLDER MODULE[@VERSION]: where the module (the version FOLDER's go.mod requires, unless given) lies
+# in the module cache, downloaded if it is not there yet.
 module_dir() {
-    go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
+    local run=(go -C "$here/$1")
+    [[ "$1" != argocd ]] || run=(argocd_go)
+    "${run[@]}" mod download -json "$2" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p'
 }
 
 copy_crds() {
     local keda gie argocd promop
-    keda="$(go -C "$here/keda" list -m -f '{{.Dir}}' "$KEDA_MODULE")"
-    gie="$(go -C "$here/gie" list -m -f '{{.Dir}}' "$GIE_MODULE")"
-    argocd="$(argocd_go list -m -f '{{.Dir}}' "$ARGOCD_MODULE")"
-    promop="$(module_dir "$PROMOP_MODULE" "$PROMOP_VERSION")"
+    keda="$(module_dir keda "$KEDA_MODULE")"
+    gie="$(module_dir gie "$GIE_MODULE")"
+    argocd="$(module_dir argocd "$ARGOCD_MODULE")"
+    promop="$(module_dir . "$PROMOP_MODULE@$PROMOP_VERSION")"
     for f in "${KEDA_CRDS[@]}"; do
         install -m 0644 "$keda/config/crd/bases/$f" "$out/crds/"
     done
@@ -208,46 +234,39 @@ copy_crds() {
 
 copy_kwok_stages() {
     local kwok
-    kwok="$(go list -m -f '{{.Dir}}' sigs.k8s.io/kwok)/kustomize/stage"
+    kwok="$(module_dir . sigs.k8s.io/kwok)/kustomize/stage"
     for f in "${KWOK_STAGES[@]}"; do
         echo "---"
         cat "$kwok/$f"
     done >"$out/kwok-stages.yaml"
 }
 
-step "download modules" go mod download
-step "download modules (containerd/)" go -C containerd mod download
-step "download modules (cni/)" go -C cni mod download
-step "download modules (registry/)" go -C registry mod download
-step "download modules (actionlint/)" go -C actionlint mod download
-step "download modules (keda/)" go -C keda mod download
-step "download modules (kube-state-metrics/)" go -C kube-state-metrics mod download
-step "download modules (gie/)" go -C gie mod download
-step "download modules (argocd/, Go $argocd_toolchain)" argocd_go mod download
-step "build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy (k8s.io/kubernetes)" \
-    go build "${build_flags[@]}" -ldflags="-s -w$k8s_x" -o "$out/" k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl \
-    k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy
-step "build etcd (go.etcd.io/etcd/server/v3)" go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/etcd" ./cmd/etcd
-step "build kwok (sigs.k8s.io/kwok)" go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/kwok" \
-    sigs.k8s.io/kwok/cmd/kwok
-step "build helm (helm.sh/helm/v3)" go build "${build_flags[@]}" -ldflags="-s -w $helm_x" -o "$out/helm" \
-    helm.sh/helm/v3/cmd/helm
-step "build containerd, containerd-shim-runc-v2, ctr ($CONTAINERD_MODULE $containerd_version, module containerd/)" \
+step kubernetes . "${K8S_BINARIES[*]}" "build ${K8S_BINARIES[*]} (k8s.io/kubernetes $k8s_version)" build_kubernetes
+step etcd . etcd "build etcd (go.etcd.io/etcd/server/v3)" build_etcd
+step kwok . kwok "build kwok (sigs.k8s.io/kwok)" build_kwok
+step helm . helm "build helm (helm.sh/helm/v3 $helm_version)" build_helm
+step containerd containerd "containerd containerd-shim-runc-v2 ctr" \
+    "build containerd, containerd-shim-runc-v2, ctr ($CONTAINERD_MODULE $containerd_version, module containerd/)" \
     build_containerd
-step "build CNI plugins ${CNI_PLUGINS[*]} ($CNI_MODULE $cni_version, module cni/)" build_cni_plugins
-step "build registry ($REGISTRY_MODULE $registry_version, module registry/)" build_registry
-step "build minio (github.com/minio/minio, module minio/)" build_minio
-step "build keda-operator ($KEDA_MODULE $keda_version, module keda/)" build_keda operator
-step "build keda-adapter ($KEDA_MODULE $keda_version, module keda/)" build_keda adapter
-step "build kube-state-metrics ($KSM_MODULE $ksm_version, module kube-state-metrics/)" build_kube_state_metrics
-step "build epp ($GIE_MODULE $gie_version, module gie/)" build_epp
-step "build argocd: application-controller, repo-server ($ARGOCD_MODULE $argocd_version, module argocd/)" build_argocd
-step "copy Argo CD's git-verify-wrapper.sh" copy_argocd_scripts
-step "build dashboard-lint (github.com/grafana/grafana-foundation-sdk/go, module dashboard-lint/)" build_dashboard_lint
-step "build actionlint (github.com/rhysd/actionlint, module actionlint/)" build_actionlint
-step "copy kwok's default stages" copy_kwok_stages
-step "copy CRDs (KEDA $keda_version, GIE $gie_version, Argo CD $argocd_version, Prometheus Operator $PROMOP_VERSION)" copy_crds
+step cni cni "${CNI_PLUGINS[*]/#/cni/}" "build CNI plugins ${CNI_PLUGINS[*]} ($CNI_MODULE $cni_version, module cni/)" \
+    build_cni_plugins
+step registry registry registry "build registry ($REGISTRY_MODULE $registry_version, module registry/)" build_registry
+step minio minio minio "build minio (github.com/minio/minio, module minio/)" build_minio
+step keda-operator keda keda-operator "build keda-operator ($KEDA_MODULE $keda_version, module keda/)" build_keda operator
+step keda-adapter keda keda-adapter "build keda-adapter ($KEDA_MODULE $keda_version, module keda/)" build_keda adapter
+step kube-state-metrics kube-state-metrics kube-state-metrics \
+    "build kube-state-metrics ($KSM_MODULE $ksm_version, module kube-state-metrics/)" build_kube_state_metrics
+step epp gie epp "build epp ($GIE_MODULE $gie_version, module gie/)" build_epp
+step argocd argocd "argocd git-verify-wrapper.sh" \
+    "build argocd: application-controller, repo-server ($ARGOCD_MODULE $argocd_version, module argocd/)" build_argocd
+step coredns coredns coredns "build coredns ($COREDNS_MODULE $coredns_version, module coredns/)" build_coredns
+step dashboard-lint dashboard-lint dashboard-lint \
+    "build dashboard-lint (github.com/grafana/grafana-foundation-sdk/go, module dashboard-lint/)" build_dashboard_lint
+step actionlint actionlint actionlint "build actionlint (github.com/rhysd/actionlint, module actionlint/)" \
+    build_actionlint
+step kwok-stages . kwok-stages.yaml "copy kwok's default stages" copy_kwok_stages
+step crds . "${CRDS[*]/#/crds/}" \
+    "copy CRDs (KEDA $keda_version, GIE $gie_version, Argo CD $argocd_version, Prometheus Operator $PROMOP_VERSION)" \
+    copy_crds "$keda_version" "$gie_version" "$argocd_version" "$PROMOP_VERSION"
 
-echo "$stamp" >"$out/.build-stamp"
-echo "Built ${BINARIES[*]}, kwok-stages.yaml and ${#CRDS[@]} CRDs into $out in $((SECONDS - total_start))s."
+echo "Built ${built[*]:-nothing (all up to date)} into $out in $((SECONDS - total_start))s."
