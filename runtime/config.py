@@ -48,6 +48,7 @@ class ServeConfig(BaseModel):
     lora: tuple[str, ...] = ()  # NAME=SOURCE, loaded at start (validated after the limits)
     drain_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)
     max_connection_age: float = Field(default=30.0, ge=0.0, le=86_400.0)  # 0: never
+    max_request_body_bytes: int = Field(default=16 * 1024**2, gt=0)
     cache_dir: str = contract.CACHE_DIR
     extra_args: tuple[str, ...] = ()
 
@@ -171,6 +172,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="seconds after which a kept-alive client connection is closed after its next response, so that "
         "a Service (kube-proxy balances connections, not requests) spreads the load over new replicas; "
         f"0: never ({_default('max_connection_age')})",
+    )
+    parser.add_argument(
+        "--max-request-body-bytes",
+        help="a request whose body is larger (in bytes) gets 413 before vLLM holds it in memory; a chat "
+        "request with 128k tokens of English context is about 0.5 MB, and the default leaves room for a few "
+        f"inline base64 images ({_default('max_request_body_bytes')})",
     )
     parser.add_argument("--cache-dir", help=f"where hf:// and s3:// models go ({_default('cache_dir')})")
 

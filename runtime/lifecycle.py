@@ -97,7 +97,12 @@ class Runtime:
         self.config = config
         self.vllm_args = vllm_args
         adapters = AdapterManager(config.name, config.cache_dir, config.drain_timeout, config.lora_enabled)
-        self.state = RuntimeState(config.name, adapters, max_connection_age=config.max_connection_age)
+        self.state = RuntimeState(
+            config.name,
+            adapters,
+            max_connection_age=config.max_connection_age,
+            max_request_body_bytes=config.max_request_body_bytes,
+        )
         self.stop = asyncio.Event()
         self.exit_code = 0
         self.started = time.monotonic()

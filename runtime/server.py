@@ -7,6 +7,10 @@ A kept-alive client connection older than --max-connection-age is closed after i
 (`Connection: close`): kube-proxy balances connections, not requests, so without this a client that keeps
 its connection would never reach the replicas an autoscaler adds.
 
+A request body larger than --max-request-body-bytes gets 413: at once when its Content-Length says so, else
+(a chunked body) as soon as the bytes received pass the limit. The body is counted as vLLM's app reads it,
+never held here; vLLM's app is told the client went away, and what it answers to that is dropped.
+
 While draining (after SIGTERM, lifecycle.py), requests are still served, but every response carries
 `Connection: close`: a client whose kept-alive connection still leads here (kube-proxy keeps a connection on
 the endpoint it was made to, after the endpoint is gone) sends its next request on a new connection, which
@@ -72,7 +76,11 @@ class RuntimeState:
     """Shared between the ASGI app, the lifecycle and the metrics collector."""
 
     def __init__(
-        self, model_name: str, adapters: AdapterManager | None = None, max_connection_age: float = 0.0
+        self,
+        model_name: str,
+        adapters: AdapterManager | None = None,
+        max_connection_age: float = 0.0,
+        max_request_body_bytes: int | None = None,  # None: no limit
     ) -> None:
         self.status = metrics.ServerStatus(model_name=model_name)
         self.adapters = adapters
@@ -85,6 +93,7 @@ class RuntimeState:
         self.last_request = 0.0  # monotonic: when the last request to vLLM's app started or ended
         self.drain_deadline: float | None = None  # monotonic; set with status.draining
         self.connections = ConnectionAges(max_connection_age)
+        self.max_request_body_bytes = max_request_body_bytes
 
     @property
     def engine_dead(self) -> bool:
@@ -195,13 +204,74 @@ class PagodaApp:
                 body = openai_error("The model is loading; retry shortly.", 503, "ServiceUnavailable")
                 await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
             return
+        body_limit = None
+        limit = state.max_request_body_bytes
+        if scope["type"] == "http" and limit is not None:
+            declared = _content_length(scope)
+            if declared is not None and declared > limit:
+                await _send_json(send, 413, _too_large(limit), [])
+                return
+            body_limit = BodyLimit(limit, receive, send)
+            receive, send = body_limit.receive, body_limit.send
         state.in_flight += 1
         state.last_request = time.monotonic()
         try:
             await inner(scope, receive, send)
+        except Exception:
+            # vLLM's app may fail on the body cut short; the client already has its 413.
+            if body_limit is None or not body_limit.answered:
+                raise
         finally:
             state.in_flight -= 1
             state.last_request = time.monotonic()
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers") or []:
+        if name.lower() == b"content-length":
+            return int(value) if value.isdigit() else None
+    return None
+
+
+def _too_large(limit: int) -> dict[str, Any]:
+    return openai_error(
+        f"The request body is larger than this server accepts ({limit} bytes).", 413, "RequestEntityTooLarge"
+    )
+
+
+class BodyLimit:
+    """`receive` and `send` for one request whose body may not pass `limit` bytes. Past it, the client gets
+    413 (unless the app's response has begun) and the app sees the client disconnect, so it stops reading;
+    what the app sends after that is dropped. The connection is left open: the server (uvicorn) discards the
+    rest of the body as it arrives, and a client still sending it reads the 413 once it is done (closing the
+    connection with the body unread would make the kernel reset it, and the client would see no answer)."""
+
+    def __init__(self, limit: int, receive: Receive, send: Send) -> None:
+        self.limit, self._receive, self._send = limit, receive, send
+        self.received = 0
+        self.cut = False  # the body passed the limit
+        self.started = False  # the app's response has begun
+        self.answered = False  # the client got the 413
+
+    async def receive(self) -> Message:
+        if self.cut:
+            return {"type": "http.disconnect"}
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.limit:
+                self.cut = True
+                if not self.started:
+                    self.answered = True
+                    await _send_json(self._send, 413, _too_large(self.limit), [])
+                return {"type": "http.disconnect"}
+        return message
+
+    async def send(self, message: Message) -> None:
+        if self.answered:
+            return
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
 
 
 def _closing(send: Send) -> Send:

@@ -19,7 +19,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -102,11 +102,18 @@ def parse_model_uri(uri: str) -> ModelSource:
         return ModelSource(uri, "hf", "/".join(parts))
     if scheme == "s3":
         bucket, _, prefix = rest.partition("/")
-        if not _BUCKET.match(bucket) or not prefix.strip("/"):
+        prefix = prefix.removesuffix("/")
+        if not _BUCKET.match(bucket) or not prefix:
             raise ModelSourceError(
                 f"model {uri!r}: s3:// needs a bucket and a prefix (s3://<bucket>/<prefix>)"
             )
-        return ModelSource(uri, "s3", bucket, prefix.strip("/"))
+        # The prefix is also the cache folder's path under <cache-dir>/s3/<bucket>: a '..' would leave it, and
+        # '.' or an empty part would name an S3 prefix other than the folder the files land in.
+        if any(part in ("", ".", "..") for part in prefix.split("/")):
+            raise ModelSourceError(
+                f"model {uri!r}: the s3:// prefix {prefix!r} may not contain '.', '..' or empty parts ('//')"
+            )
+        return ModelSource(uri, "s3", bucket, prefix)
     raise ModelSourceError(f"model {uri!r}: unknown scheme {scheme!r} (use file, pvc, hf or s3)")
 
 
@@ -241,6 +248,22 @@ def _s3_error(uri: str, exc: Exception) -> ModelSourceError:
     return ModelSourceError(f"model {uri}: {why}", reason)
 
 
+def _s3_destination(uri: str, target: Path, prefix: str, key: str) -> Path:
+    """Where the object `key` (listed under `prefix`) is written: a file inside `target`. S3 accepts any UTF-8
+    key, `p//etc/x` and `p/a/../../x` included, so a key whose part after the prefix is empty, absolute or
+    has a '..' is refused, as is one whose path, resolved, is not inside `target` (a symlink in the cache)."""
+    rel = key[len(prefix) :] if key.startswith(prefix) else ""
+    dest = target / rel
+    resolved, root = dest.resolve(), target.resolve()
+    climbs = PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts
+    if not rel or climbs or resolved == root or not resolved.is_relative_to(root):
+        raise ModelSourceError(
+            f"model {uri}: refused object key {key!r}: its path after {prefix!r} must stay inside {target}",
+            "ModelInvalid",
+        )
+    return dest
+
+
 def _resolve_s3(source: ModelSource, cache: Path) -> Path:
     client = _s3_client(source.uri)
     bucket, prefix = source.location, source.key + "/"
@@ -248,23 +271,20 @@ def _resolve_s3(source: ModelSource, cache: Path) -> Path:
     log.info("Started model download uri=%s cache=%s", source.uri, target)
     started = time.monotonic()
     try:
-        objects = [
-            (obj.object_name[len(prefix) :], obj.object_name, int(obj.size or 0))
+        listed = [
+            (obj.object_name, int(obj.size or 0))
             for obj in client.list_objects(bucket, prefix=prefix, recursive=True)
             if obj.object_name and not obj.is_dir
         ]
-        if not objects:
+        if not listed:
             raise ModelSourceError(
                 f"model {source.uri}: no objects under s3://{bucket}/{prefix}", "ModelNotFound"
             )
+        # Every key is checked before the first download, so that a refused model leaves no partial copy.
+        objects = [(key, _s3_destination(source.uri, target, prefix, key), size) for key, size in listed]
         total, done, fetched = sum(size for _, _, size in objects), 0, 0
         progress = _Progress(source.uri)
-        for count, (rel, key, size) in enumerate(objects, 1):
-            if not rel or ".." in Path(rel).parts:
-                raise ModelSourceError(
-                    f"model {source.uri}: refused object key {key!r} (escapes the prefix)", "ModelInvalid"
-                )
-            dest = target / rel
+        for count, (key, dest, size) in enumerate(objects, 1):
             if not (dest.is_file() and dest.stat().st_size == size):
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 client.fget_object(bucket, key, str(dest))

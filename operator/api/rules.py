@@ -14,7 +14,11 @@ from pagoda.runtime.vllmflags import OWNED_FLAGS, owned_flag_pattern
 JsonDict = dict[str, JsonValue]
 
 _HF = r"hf://[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?/?"
-_S3 = rf"s3://{S3_BUCKET_PATTERN}/.*[^/].*"
+# One part of an s3:// prefix: not empty, not '.' or '..' (the prefix is also the cache folder's path, which a
+# '..' would leave; runtime/sources.py refuses the same). Written without look-ahead: the API server's regexps
+# are RE2, and `[.]` rather than `\.`, which a CEL string literal refuses as an escape.
+_S3_PART = r"([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+)"
+_S3 = rf"s3://{S3_BUCKET_PATTERN}/{_S3_PART}(/{_S3_PART})*/?"
 _PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?"
 URI_PATTERN = rf"^({_HF}|{_S3}|{_PVC}|file:///.*)$"
 # Flags the runtime sets itself, in any spelling vLLM accepts: vLLM must not get them again in extraArgs.

@@ -6,17 +6,22 @@ model-source code into a cache dir; the engine itself is not started (the lifecy
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from minio import Minio
+from minio.datatypes import Object
+from minio.error import S3Error
 
 from e2e.processes import ManagedProcess, free_port
+from pagoda.runtime import sources
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
 
 pytestmark = pytest.mark.runtime
@@ -125,3 +130,49 @@ def test_s3_missing_prefix_and_bucket_are_clear_errors(s3_env: MinioServer, tmp_
         resolve(parse_model_uri(f"s3://{BUCKET}/llama/ti"), str(tmp_path))
     with pytest.raises(ModelSourceError, match=r"model s3://no-such-bucket/x: the bucket does not exist"):
         resolve(parse_model_uri("s3://no-such-bucket/x"), str(tmp_path))
+
+
+@pytest.mark.parametrize("template", ["p//tmp/{unique}", "p/a/../../{unique}"])
+def test_s3_key_leaving_the_cache_is_refused_before_any_download(
+    template: str, s3_env: MinioServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MinIO will not store either key: the server answers `p//...` with XMinioInvalidObjectName, and the
+    MinIO client refuses '..' parts before sending (past that check, the HTTP layer would send the
+    normalised path `/<bucket>/<unique>`). AWS S3 accepts any UTF-8 key, these included, so the key is
+    added to MinIO's real listing (a fake listing over the real store), while the real object under the
+    prefix would still come from MinIO: nothing may be downloaded, and nothing written where the key
+    points."""
+    key = template.format(unique=f"pagoda-s3-escape-{secrets.token_hex(8)}")
+    store = s3_env.client()
+    with pytest.raises((S3Error, ValueError)):
+        store.put_object(BUCKET, key, io.BytesIO(b"{}"), 2)
+    store.put_object(BUCKET, "p/config.json", io.BytesIO(b"{}"), 2)
+    assert [o.object_name for o in store.list_objects(BUCKET, prefix="p/", recursive=True)] == [
+        "p/config.json"
+    ]
+
+    extra = [key]
+    real_client = sources._s3_client
+
+    def client_listing_extra_keys(uri: str) -> Any:
+        client = real_client(uri)
+        listed = client.list_objects
+
+        def list_objects(bucket: str, **kwargs: Any) -> Iterator[Object]:
+            yield from listed(bucket, **kwargs)
+            yield from (Object(bucket, name, size=2) for name in extra)
+
+        client.list_objects = list_objects
+        return client
+
+    monkeypatch.setattr(sources, "_s3_client", client_listing_extra_keys)
+    target = tmp_path / "s3" / BUCKET / "p"
+    would_write = Path(os.path.normpath(target / key.removeprefix("p/")))
+    with pytest.raises(ModelSourceError) as caught:
+        resolve(parse_model_uri(f"s3://{BUCKET}/p"), str(tmp_path))
+    assert caught.value.reason == "ModelInvalid"
+    assert f"model s3://{BUCKET}/p: refused object key {key!r}" in str(caught.value)
+    assert not would_write.exists() and not target.exists()
+
+    extra.clear()  # the same client without the key: the real object comes from MinIO
+    assert tree(resolve(parse_model_uri(f"s3://{BUCKET}/p"), str(tmp_path))) == {"config.json": b"{}"}

@@ -7,6 +7,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -114,6 +115,35 @@ def test_bad_requests_get_openai_errors_and_server_keeps_serving(
     assert {"message", "type", "param", "code"} <= error.keys()
     ok = client(server).completions.create(model="tiny", prompt="x", max_tokens=2)
     assert ok.choices[0].text is not None
+
+
+def test_a_body_over_the_limit_gets_413_and_the_server_keeps_serving(server: RuntimeProcess) -> None:
+    """50 MB against the default --max-request-body-bytes (16 MiB): refused from its Content-Length before it
+    is read, and refused while it arrives when sent chunked; both on one connection, which then serves a chat
+    request."""
+    content = "x" * 50_000_000
+    big = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": content}]}).encode()
+
+    def chunked() -> Iterator[bytes]:
+        for start in range(0, len(big), 1 << 20):
+            yield big[start : start + (1 << 20)]
+
+    log_start = server.log_path.stat().st_size
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as http:
+        for body in (big, chunked()):
+            r = http.post("/v1/chat/completions", content=body)
+            assert r.status_code == 413, r.text
+            error = r.json()["error"]
+            assert (error["code"], error["type"]) == (413, "RequestEntityTooLarge")
+            assert f"({16 * 1024**2} bytes)" in error["message"]
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        ok = http.post("/v1/chat/completions", json=chat)
+        assert ok.status_code == 200, ok.text
+        assert ok.json()["choices"][0]["message"]["role"] == "assistant"
+    with server.log_path.open("rb") as log:
+        log.seek(log_start)
+        assert b"Traceback" not in log.read()
 
 
 def test_bad_request_through_openai_client_raises_typed_error(server: RuntimeProcess) -> None:

@@ -58,6 +58,9 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
     ("hf-without-name", _set("model.uri", "hf://"), "spec.model.uri", r.MSG_URI),
     ("file-relative", _set("model.uri", "file://models/tiny"), "spec.model.uri", r.MSG_URI),
     ("s3-without-key", _set("model.uri", "s3://bucket"), "spec.model.uri", r.MSG_URI),
+    ("s3-dot-dot", _set("model.uri", "s3://bucket/models/../../etc"), "spec.model.uri", r.MSG_URI),
+    ("s3-empty-part", _set("model.uri", "s3://bucket//tmp/x"), "spec.model.uri", r.MSG_URI),
+    ("s3-dot", _set("model.uri", "s3://bucket/a/./b"), "spec.model.uri", r.MSG_URI),
     (
         "min-above-max",
         _set("autoscaling", {"minReplicas": 5, "maxReplicas": 2}),

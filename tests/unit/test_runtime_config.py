@@ -26,6 +26,7 @@ def test_defaults_match_the_contract() -> None:
     assert (config.host, config.port, config.cache_dir) == ("0.0.0.0", 8000, "/var/cache/pagoda")
     assert config.enable_prefix_caching is None and config.extra_args == ()
     assert config.name == "llama"
+    assert config.max_request_body_bytes == 16 * 1024**2
 
 
 def test_operator_style_command_line_is_accepted() -> None:
@@ -61,6 +62,9 @@ def test_operator_style_command_line_is_accepted() -> None:
         (["--drain-timeout", "-3"], "--drain-timeout"),
         (["--max-connection-age", "-1"], "--max-connection-age"),
         (["--max-connection-age", "soon"], "--max-connection-age"),
+        (["--max-request-body-bytes", "0"], "--max-request-body-bytes"),
+        (["--max-request-body-bytes", "-1"], "--max-request-body-bytes"),
+        (["--max-request-body-bytes", "16MiB"], "--max-request-body-bytes"),
     ],
 )
 def test_invalid_values_name_the_flag(argv: list[str], flag: str) -> None:

@@ -1,13 +1,19 @@
 """The runtime's gate in front of vLLM's app (runtime/server.py): a connection older than
 --max-connection-age is closed after its next response; while draining, requests are served with
-`Connection: close` until the drain's deadline, then refused with 503. The inner app here is a plain ASGI
-app standing in for vLLM's routes (the gate only forwards to it); tier 3 runs the real one."""
+`Connection: close` until the drain's deadline, then refused with 503; a body over
+--max-request-body-bytes gets 413. The inner app here is a plain ASGI app, or a FastAPI app reading the body
+(as vLLM's app is), standing in for vLLM's routes (the gate only forwards to it); tier 3 runs the real one."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
+
+import pytest
+from fastapi import FastAPI, Request
+from pydantic import BaseModel
 
 from pagoda.runtime.server import PagodaApp, RuntimeState
 
@@ -94,3 +100,104 @@ def test_forgotten_connections_are_purged() -> None:
     ages.purged -= ages.PURGE_EVERY
     _call(PagodaApp(state), "/v1/completions")
     assert list(ages.first_seen) == [("10.0.0.1", 40000)]
+
+
+LIMIT = 100
+
+
+class Chat(BaseModel):
+    model: str
+
+
+def _body_app() -> FastAPI:
+    """Routes that read the whole body before answering, as vLLM's do: one with a pydantic body (FastAPI
+    answers 400 itself when the body is cut short), one reading it raw (Starlette raises ClientDisconnect)."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Chat) -> dict[str, str]:
+        return {"model": request.model}
+
+    @app.post("/raw")
+    async def raw(request: Request) -> dict[str, int]:
+        return {"bytes": len(await request.body())}
+
+    return app
+
+
+def _post(
+    path: str, chunks: list[bytes], content_length: int | None = None
+) -> tuple[list[dict[str, Any]], int, RuntimeState]:
+    """POSTs the body in `chunks` (chunked unless `content_length` is given) through the gate, with a limit of
+    LIMIT bytes; returns what the client got, how many chunks were read, and the state."""
+    state = RuntimeState("tiny", max_request_body_bytes=LIMIT)
+    state.inner = _body_app()
+    sent: list[dict[str, Any]] = []
+    pending = list(chunks)
+
+    async def receive() -> dict[str, Any]:
+        if not pending:
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": pending.pop(0), "more_body": bool(pending)}
+
+    async def send(message: Any) -> None:
+        sent.append(dict(message))
+
+    headers = [(b"content-type", b"application/json")]
+    if content_length is not None:
+        headers.append((b"content-length", str(content_length).encode()))
+    scope = {"type": "http", "path": path, "method": "POST", "headers": headers, "query_string": b""}
+    asyncio.run(PagodaApp(state)(scope, receive, send))
+    return sent, len(chunks) - len(pending), state
+
+
+def _is_413(sent: list[dict[str, Any]]) -> bool:
+    start, body = sent
+    error = json.loads(body["body"])["error"]
+    assert error["message"] == f"The request body is larger than this server accepts ({LIMIT} bytes)."
+    assert (error["code"], error["type"], error["param"]) == (413, "RequestEntityTooLarge", None)
+    return bool(start["status"] == 413 and not body.get("more_body"))
+
+
+def test_a_declared_body_over_the_limit_gets_413_before_any_of_it_is_read() -> None:
+    sent, read, state = _post("/v1/chat/completions", [b"x" * (LIMIT + 1)], content_length=LIMIT + 1)
+    assert _is_413(sent) and read == 0 and state.in_flight == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/raw"])
+def test_a_chunked_body_is_cut_as_soon_as_it_passes_the_limit(path: str) -> None:
+    """The app's own answer to the body cut short (400, or a 500 and ClientDisconnect) never reaches the
+    client, and the chunks after the one that passed the limit are not read."""
+    sent, read, state = _post(path, [b" " * 40] * 10)
+    assert _is_413(sent)
+    assert read == 3  # 40, 80, 120 bytes
+    assert state.in_flight == 0
+
+
+@pytest.mark.parametrize("content_length", [None, LIMIT])
+def test_a_body_of_exactly_the_limit_is_served(content_length: int | None) -> None:
+    body = json.dumps({"model": "tiny"}).ljust(LIMIT).encode()
+    sent, read, _ = _post("/v1/chat/completions", [body[:50], body[50:]], content_length)
+    assert sent[0]["status"] == 200 and json.loads(sent[1]["body"]) == {"model": "tiny"}
+    assert read == 2
+
+
+def test_an_app_error_is_not_hidden_when_the_body_was_within_the_limit() -> None:
+    state = RuntimeState("tiny", max_request_body_bytes=LIMIT)
+
+    async def broken(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        raise RuntimeError("a bug in the app")
+
+    state.inner = broken
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: Any) -> None:
+        pass
+
+    scope = {"type": "http", "path": "/v1/completions", "method": "POST", "headers": []}
+    with pytest.raises(RuntimeError, match="a bug in the app"):
+        asyncio.run(PagodaApp(state)(scope, receive, send))
+    assert state.in_flight == 0

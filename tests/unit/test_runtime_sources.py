@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from minio.datatypes import Object
 
+from pagoda.runtime import sources
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
 
 
@@ -26,6 +30,7 @@ def write_model(path: Path) -> Path:
         ("hf://mistralai/Mistral-7B-v0.3", "hf", "mistralai/Mistral-7B-v0.3", "mistralai/Mistral-7B-v0.3"),
         ("hf://gpt2", "hf", "gpt2", "gpt2"),
         ("s3://my-bucket/llama/3-8b", "s3", "my-bucket", "3-8b"),
+        ("s3://my-bucket/llama/3-8b/", "s3", "my-bucket", "3-8b"),
     ],
 )
 def test_parse(uri: str, scheme: str, location: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -51,6 +56,27 @@ def test_parse(uri: str, scheme: str, location: str, name: str, monkeypatch: pyt
 def test_parse_rejects_with_the_uri_in_the_message(uri: str) -> None:
     with pytest.raises(ModelSourceError, match="model "):
         parse_model_uri(uri)
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "s3://bucket/../x",
+        "s3://bucket/llama/../../x",
+        "s3://bucket/llama/..",
+        "s3://bucket//etc",
+        "s3://bucket/llama//tiny",
+        "s3://bucket/llama/tiny//",
+        "s3://bucket/llama/./tiny",
+    ],
+)
+def test_s3_prefix_with_dot_dot_or_empty_parts_is_refused(uri: str) -> None:
+    """The prefix is also the cache folder's path: '..' would leave the cache, and '.' or `//` would name
+    another S3 prefix than the folder the files are written to."""
+    with pytest.raises(ModelSourceError) as caught:
+        parse_model_uri(uri)
+    assert str(caught.value).startswith(f"model {uri!r}: the s3:// prefix ")
+    assert "may not contain '.', '..' or empty parts ('//')" in str(caught.value)
 
 
 def test_pvc_root_follows_the_mount_convention(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,3 +144,78 @@ def test_s3_bad_endpoint_names_the_variable(
     monkeypatch.setenv(var, endpoint)
     with pytest.raises(ModelSourceError, match=rf"model s3://models/llama: {var} .* must be http"):
         resolve(parse_model_uri("s3://models/llama"), str(tmp_path))
+
+
+@dataclass
+class FakeS3Client:
+    """A fake MinIO client: list_objects answers `keys` whatever the prefix (AWS S3 accepts any UTF-8 key,
+    `p//tmp/x` and `p/a/../../x` included; MinIO refuses to store them, see tests/runtime/test_rt_s3.py),
+    and fget_object writes each object where it is told, as the real one does."""
+
+    keys: list[str]
+    written: list[str] = field(default_factory=list)
+
+    def list_objects(self, bucket: str, prefix: str, recursive: bool) -> list[Object]:
+        return [Object(bucket, key, size=len(b"{}")) for key in self.keys]
+
+    def fget_object(self, bucket: str, key: str, path: str) -> None:
+        self.written.append(path)
+        Path(path).write_text("{}")
+
+
+def s3_store(monkeypatch: pytest.MonkeyPatch, keys: list[str]) -> FakeS3Client:
+    store = FakeS3Client(keys)
+    monkeypatch.setattr(sources, "_s3_client", lambda uri: store)
+    return store
+
+
+def test_s3_objects_under_the_prefix_land_in_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = s3_store(monkeypatch, ["p/config.json", "p/sub/model.safetensors", "p/a..b"])
+    target = tmp_path / "s3" / "bkt" / "p"
+    assert resolve(parse_model_uri("s3://bkt/p"), str(tmp_path)) == target
+    assert store.written == [
+        str(target / "config.json"),
+        str(target / "sub/model.safetensors"),
+        str(target / "a..b"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "p/{outside}",  # p//tmp/...: the remainder is an absolute path
+        "p/a/../../escaped",  # lands in <cache>/s3/bkt, beside the model's folder
+        "p/../escaped",
+        "q/config.json",  # not under the prefix at all
+    ],
+)
+def test_s3_key_that_leaves_the_cache_folder_is_refused_before_any_download(
+    key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = key.format(outside=tmp_path / "outside" / "escaped")
+    store = s3_store(monkeypatch, ["p/config.json", key])
+    target = tmp_path / "cache" / "s3" / "bkt" / "p"
+    would_write = Path(os.path.normpath(target / key.removeprefix("p/")))
+    with pytest.raises(ModelSourceError) as caught:
+        resolve(parse_model_uri("s3://bkt/p"), str(tmp_path / "cache"))
+    assert caught.value.reason == "ModelInvalid"
+    assert f"model s3://bkt/p: refused object key {key!r}" in str(caught.value)
+    assert store.written == []  # not even p/config.json, which comes first
+    assert not would_write.exists() and not target.exists()
+
+
+def test_s3_key_through_a_symlink_out_of_the_cache_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    target = tmp_path / "cache" / "s3" / "bkt" / "p"
+    target.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (target / "link").symlink_to(elsewhere)
+    store = s3_store(monkeypatch, ["p/link/config.json"])
+    with pytest.raises(ModelSourceError, match=r"refused object key 'p/link/config.json'") as caught:
+        resolve(parse_model_uri("s3://bkt/p"), str(tmp_path / "cache"))
+    assert caught.value.reason == "ModelInvalid"
+    assert store.written == [] and list(elsewhere.iterdir()) == []
