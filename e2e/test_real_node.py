@@ -256,8 +256,12 @@ def test_runtime_image_serves_chat_through_its_service(
     assert code == 200 and answer["usage"]["completion_tokens"] > 0, answer
     logs = cluster.kubectl("logs", "-n", release, served["metadata"]["name"]).stdout
     assert logs.strip(), "kubectl logs gave nothing for the runtime"
-    # The operator's pod template, enforced: the engine served all of that with a read-only root filesystem.
+    # The operator's pod template, enforced: the engine served all of that with a read-only root filesystem,
+    # and without a service account token to steal (the runtime never calls the API).
     assert_restricted(cluster, release, served["metadata"]["name"])
+    token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    look = cluster.kubectl("exec", "-n", release, served["metadata"]["name"], "--", "cat", token, check=False)
+    assert look.returncode != 0 and "No such file or directory" in look.stderr, look.stderr
 
 
 def test_make_release_publishes_what_the_chart_installs(cluster: Cluster) -> None:

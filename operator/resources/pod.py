@@ -43,6 +43,8 @@ STARTUP_PERIOD_SECONDS = 10
 def pod_template(name: str, spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "enableServiceLinks": False,  # a Service named vllm would inject VLLM_PORT, which vLLM misreads
+        # The runtime never calls the Kubernetes API: a token in the pod would only be something to steal.
+        "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": termination_grace_seconds(spec),
         "securityContext": {
             "runAsNonRoot": True,
