@@ -38,6 +38,7 @@ from e2e.chartenv import CHART, CRD_NAME, ChartOperator, condition, kubectl_json
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
 from e2e.processes import wait_until
+from e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -303,12 +304,22 @@ def test_progressing_while_real_pods_start_then_healthy(synced: GitOps) -> None:
     assert deployment["status"]["readyReplicas"] == 1
 
 
-def test_no_perpetual_diff_across_refreshes_and_a_scale(synced: GitOps) -> None:
+def test_no_perpetual_diff_across_refreshes_and_a_scale(synced: GitOps, stack: Stack) -> None:
+    """KEDA (`stack`) scales an autoscaled service; Argo CD sees no diff and reverts nothing."""
     head = synced.repo.git("rev-parse", "HEAD")
     app = synced.wait_synced_healthy(head)
     generation = synced.live("inferenceservice", "tiny-auto")["metadata"]["generation"]
-    # What the HPA that KEDA creates does: change the replica count through the scale subresource.
-    synced.cluster.kubectl("scale", "deployment", "tiny-auto", "-n", SERVICES_NS, "--replicas=3")
+    # The autoscaler changes the replica count through the scale subresource. KEDA runs for real here and
+    # would bring this idle service (its pods are kwok's, with no metrics) back to minReplicas, so it is told
+    # to hold 3 replicas: KEDA's pause annotation, with which KEDA itself scales the Deployment to 3.
+    synced.cluster.kubectl(
+        "annotate", "scaledobject", "tiny-auto", "-n", SERVICES_NS, "autoscaling.keda.sh/paused-replicas=3"
+    )
+    wait_until(
+        lambda: synced.live("deployment", "tiny-auto")["spec"].get("replicas") == 3,
+        "KEDA to scale tiny-auto to 3",
+        timeout=60,
+    )
     refreshed: set[str] = {app["status"]["reconciledAt"]}
     began = time.monotonic()
     while len(refreshed) < 3:  # the one before, then two more of Argo CD's refresh cycles
