@@ -86,9 +86,10 @@ def api_client(kubeconfig: str | None, pool_size: int) -> client.ApiClient:
 
 def refresh(kube: Kube, cache: ObjectCache, namespace: str | None) -> list[dict[str, object]]:
     """List InferenceServices, every child kind and the pods into the cache (one list per kind, read a page
-    at a time so that only the cache's slim copy of each pod is kept), and forget which Secrets were seen;
-    returns the owners."""
+    at a time so that only the cache's slim copy of each pod is kept), and forget which Secrets were seen
+    and the chat templates read from ConfigMaps; returns the owners."""
     cache.forget_secrets()
+    cache.forget_chat_templates()
     for api_version, kind, plural in WATCHED_KINDS:
         try:
             pages = kube.list_pages(api_version, plural, namespace, MANAGED_BY_SELECTOR)
@@ -105,7 +106,7 @@ async def resync(
     kube: Kube, cache: ObjectCache, queue: WorkQueue, namespace: str | None, every: float
 ) -> None:
     """Periodically refresh the cache and queue every InferenceService: catches what no watch reports
-    (a Secret created later) and anything a watch missed."""
+    (a Secret created later, an edited chat template ConfigMap) and anything a watch missed."""
     while True:
         await asyncio.sleep(every)
         try:

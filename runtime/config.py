@@ -7,10 +7,12 @@ the process exits with status 2, like argparse does for a flag it cannot parse.
 from __future__ import annotations
 
 import argparse
+import os
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from pagoda.runtime import contract, vllmflags
+from pagoda.runtime.chattemplate import compile_error
 from pagoda.runtime.lora import AdapterError, parse_lora_flag
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri
 
@@ -41,6 +43,7 @@ class ServeConfig(BaseModel):
     block_size: int | None = None
     enable_prefix_caching: bool | None = None
     max_num_seqs: int | None = Field(default=None, ge=1, le=65_536)
+    chat_template: str | None = Field(default=None, min_length=1)  # a file, or the template itself
     enable_lora: bool = False
     max_loras: int | None = Field(default=None, ge=1, le=1024)
     max_lora_rank: int | None = None
@@ -49,6 +52,7 @@ class ServeConfig(BaseModel):
     drain_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)
     max_connection_age: float = Field(default=30.0, ge=0.0, le=86_400.0)  # 0: never
     max_request_body_bytes: int = Field(default=16 * 1024**2, gt=0)
+    stall_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)  # 0: never
     cache_dir: str = contract.CACHE_DIR
     extra_args: tuple[str, ...] = ()
 
@@ -66,6 +70,29 @@ class ServeConfig(BaseModel):
     def _block_size(cls, value: int | None) -> int | None:
         if value is not None and value not in BLOCK_SIZES:
             raise ValueError(f"must be one of {', '.join(map(str, BLOCK_SIZES))}")
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _chat_template(cls, value: str | None) -> str | None:
+        """A template that cannot compile would fail every chat request: refused at start, with its line.
+        Read as vLLM reads the flag: a file when one is there, else the template itself when it looks like
+        one (Jinja's braces or a newline); anything else (the name of one of vLLM's own templates, a missing
+        file) is left to vLLM, which says what it is missing."""
+        if value is None:
+            return value
+        if os.path.isfile(value):
+            try:
+                with open(value, encoding="utf-8") as source:
+                    text = source.read()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cannot read the chat template file: {exc}") from None
+        elif any(c in value for c in "{}\n"):
+            text = value
+        else:
+            return value
+        if (error := compile_error(text)) is not None:
+            raise ValueError(f"the Jinja chat template does not compile: {error}")
         return value
 
     @field_validator("lora")
@@ -156,6 +183,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False
     )
     parser.add_argument("--max-num-seqs")
+    parser.add_argument(
+        "--chat-template",
+        metavar="FILE|TEMPLATE",
+        help="a Jinja chat template instead of the model's own, as vLLM's --chat-template (a file, or the "
+        "template itself); one that does not compile is refused at start",
+    )
     lora = parser.add_argument_group("LoRA adapters (any of these turns LoRA on)")
     lora.add_argument("--enable-lora", action="store_const", const=True, help="serve LoRA adapters")
     lora.add_argument(
@@ -178,6 +211,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="a request whose body is larger (in bytes) gets 413 before vLLM holds it in memory; a chat "
         "request with 128k tokens of English context is about 0.5 MB, and the default leaves room for a few "
         f"inline base64 images ({_default('max_request_body_bytes')})",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        help="seconds the engine may have requests and produce no token before the runtime calls it stalled "
+        "(/livez and /readyz 503) and exits 1, so that the kubelet restarts it; an engine step takes well "
+        f"under a second, a hung EngineCore for ever; 0: never ({_default('stall_timeout')})",
     )
     parser.add_argument("--cache-dir", help=f"where hf:// and s3:// models go ({_default('cache_dir')})")
 

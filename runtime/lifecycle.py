@@ -18,11 +18,12 @@ from typing import Any
 import psutil  # type: ignore[import-untyped,unused-ignore]
 import uvicorn
 
-from pagoda.runtime import capacity, enginefailure, sources, termination
+from pagoda.runtime import capacity, enginefailure, metrics, sources, termination
 from pagoda.runtime import engine as eng
 from pagoda.runtime.adapters import AdapterManager, attach_routes
 from pagoda.runtime.config import ServeConfig
 from pagoda.runtime.lora import parse_lora_flag
+from pagoda.runtime.progress import ProgressWatch
 from pagoda.runtime.server import PagodaApp, RuntimeState
 
 KEEP_ALIVE_SECONDS = 65
@@ -207,11 +208,33 @@ class Runtime:
         await manager.load_at_start([parse_lora_flag(flag) for flag in self.config.lora])
 
     async def _watch_engine(self) -> None:
+        """Every second: an engine that errored, or that has requests and made no progress for
+        --stall-timeout seconds (progress.py), ends the process with 1, so that the kubelet restarts it."""
+        state = self.state
+        watch = ProgressWatch(self.config.stall_timeout)
         while not self.stop.is_set():
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
-            if self.state.engine_dead:
+            if state.engine_dead:
                 log.error("Engine died model=%s; exiting", self.config.model)
                 self.request_stop("engine died", exit_code=1)
+                continue
+            families = list(state.engine_registry.collect()) if state.engine_registry is not None else []
+            gauges = metrics.engine_gauges(families, self.config.name)
+            busy = gauges.waiting + gauges.running > 0 or state.awaiting_engine > 0
+            idle = watch.observe(time.monotonic(), busy, metrics.engine_tokens(families, self.config.name))
+            state.status.stalled_seconds = idle
+            if watch.stalled(idle):
+                state.engine_stalled = True
+                log.error(
+                    "Engine stalled model=%s seconds=%.0f waiting=%d running=%d awaiting=%d; exiting",
+                    self.config.model,
+                    idle,
+                    gauges.waiting,
+                    gauges.running,
+                    state.awaiting_engine,
+                )
+                termination.write(termination.engine_stalled(idle, self.config.stall_timeout))
+                self.request_stop("engine stalled", exit_code=1)
 
     async def _drain(self) -> None:
         """Serves on (each response closing its connection, server.py) until no request is inside and none
@@ -235,7 +258,7 @@ class Runtime:
 
     async def _shutdown_engine(self) -> None:
         engine = self.state.engine
-        if engine is None:
+        if engine is None or self.state.engine_stalled:  # a stalled engine would not answer: reap it
             return
         try:
             await asyncio.wait_for(eng.run_in_daemon_thread(lambda: eng.shutdown_engine(engine), "stop"), 30)

@@ -21,6 +21,8 @@ from pagoda.runtime.lora import AdapterTracker
 WAITING = ("vllm:num_requests_waiting",)
 RUNNING = ("vllm:num_requests_running",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# Counters of the tokens the engine has processed: its progress (progress.py).
+TOKENS = ("vllm:prompt_tokens", "vllm:generation_tokens")
 
 
 @dataclass
@@ -37,6 +39,7 @@ class ServerStatus:
     model_name: str
     ready: bool = False
     draining: bool = False
+    stalled_seconds: float = 0.0  # the engine busy without progress (progress.py)
     model_load_seconds: float = 0.0
     rejected_draining: int = 0
     kv_cache: KvCacheCapacity | None = None  # once the engine is loaded
@@ -68,6 +71,19 @@ def engine_gauges(families: Sequence[Metric], model_name: str) -> EngineGauges:
     )
 
 
+def engine_tokens(families: Sequence[Metric], model_name: str) -> float:
+    """Prompt and generated tokens the engine has counted since start (every engine step adds to them)."""
+    total = 0.0
+    for family in families:
+        if family.name in TOKENS:
+            total += sum(
+                s.value
+                for s in family.samples
+                if s.name == f"{family.name}_total" and s.labels.get("model_name", model_name) == model_name
+            )
+    return total
+
+
 def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
     labels = ["model_name"]
     value = [status.model_name]
@@ -90,6 +106,11 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
         gauge(contract.KV_CACHE_USAGE_METRIC, "KV-cache usage, 0 to 1.", gauges.kv_usage),
         gauge("pagoda_ready", "1 when the model is loaded and the pod is not draining.", float(status.ready)),
         gauge("pagoda_draining", "1 after SIGTERM, while requests drain.", float(status.draining)),
+        gauge(
+            "pagoda_engine_stalled_seconds",
+            "Seconds the engine has had requests and produced no token (0 while it makes progress).",
+            status.stalled_seconds,
+        ),
         gauge("pagoda_model_load_seconds", "Seconds from start to engine ready.", status.model_load_seconds),
         gauge(
             "pagoda_kv_cache_capacity_tokens",

@@ -72,6 +72,11 @@ class ConnectionAges:
         self.first_seen = {k: t for k, t in self.first_seen.items() if t >= horizon}
 
 
+# Requests the engine answers: one waiting for its response to begin while the engine makes no progress is
+# a sign of a stall (progress.py). Not the adapters API, whose downloads take long without any token.
+INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
+
+
 class RuntimeState:
     """Shared between the ASGI app, the lifecycle and the metrics collector."""
 
@@ -90,6 +95,8 @@ class RuntimeState:
         self.engine: Any = None  # vllm EngineClient once built
         self.engine_registry: Any = None
         self.in_flight = 0
+        self.awaiting_engine = 0  # inference requests whose response has not begun (progress.py)
+        self.engine_stalled = False  # set by the lifecycle's progress watch; the runtime then exits
         self.last_request = 0.0  # monotonic: when the last request to vLLM's app started or ended
         self.drain_deadline: float | None = None  # monotonic; set with status.draining
         self.connections = ConnectionAges(max_connection_age)
@@ -97,7 +104,12 @@ class RuntimeState:
 
     @property
     def engine_dead(self) -> bool:
-        return self.engine is not None and bool(self.engine.errored)
+        """The engine errored or stalled: no request it holds will finish."""
+        return self.engine_stalled or (self.engine is not None and bool(self.engine.errored))
+
+    @property
+    def engine_problem(self) -> str:
+        return "engine stalled" if self.engine_stalled else "engine dead"
 
     @property
     def ready(self) -> bool:
@@ -151,7 +163,7 @@ class PagodaApp:
 
     async def _livez(self, send: Send) -> None:
         if self.state.engine_dead:
-            await _send_json(send, 503, {"status": "engine dead"}, [])
+            await _send_json(send, 503, {"status": self.state.engine_problem}, [])
         else:
             await _send_json(send, 200, {"status": "alive"}, [])
 
@@ -161,7 +173,11 @@ class PagodaApp:
             await _send_json(send, 200, {"status": "ready"}, [])
             return
         reason = (
-            "draining" if state.status.draining else "engine dead" if state.engine_dead else "model loading"
+            "draining"
+            if state.status.draining
+            else state.engine_problem
+            if state.engine_dead
+            else "model loading"
         )
         await _send_json(send, 503, {"status": reason}, [])
 
@@ -213,6 +229,9 @@ class PagodaApp:
                 return
             body_limit = BodyLimit(limit, receive, send)
             receive, send = body_limit.receive, body_limit.send
+        awaiting = _Awaiting(state, send) if _is_inference(scope) else None
+        if awaiting is not None:
+            send = awaiting.send
         state.in_flight += 1
         state.last_request = time.monotonic()
         try:
@@ -224,6 +243,30 @@ class PagodaApp:
         finally:
             state.in_flight -= 1
             state.last_request = time.monotonic()
+            if awaiting is not None:
+                awaiting.done()
+
+
+def _is_inference(scope: Scope) -> bool:
+    return scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in INFERENCE_PATHS
+
+
+class _Awaiting:
+    """Counts an inference request in state.awaiting_engine until its response begins (progress.py)."""
+
+    def __init__(self, state: RuntimeState, send: Send) -> None:
+        self.state, self._send, self.counted = state, send, True
+        state.awaiting_engine += 1
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.done()
+        await self._send(message)
+
+    def done(self) -> None:
+        if self.counted:
+            self.counted = False
+            self.state.awaiting_engine -= 1
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -1,12 +1,12 @@
-"""Fatal start-up errors as a termination message a person can act on.
+"""Fatal errors as a termination message a person can act on.
 
-When `pagoda-runtime serve` cannot start it exits non-zero and writes one short message to the file named
-by `PAGODA_TERMINATION_MESSAGE_PATH` (the operator sets it to the container's terminationMessagePath,
-/dev/termination-log). Kubernetes shows the message in the pod's
+When `pagoda-runtime serve` cannot start, or its engine stalls while serving, it exits non-zero and writes one
+short message to the file named by `PAGODA_TERMINATION_MESSAGE_PATH` (the operator sets it to the container's
+terminationMessagePath, /dev/termination-log). Kubernetes shows the message in the pod's
 `status.containerStatuses[].lastState.terminated.message`, and the operator copies it into the
 InferenceService's Degraded condition. The message is `<Reason>: <what happened>; <what to change>`: the
-reason is a stable CamelCase word (documented in docs/runtime.md), the rest names the InferenceService
-field to change.
+reason is a stable CamelCase word (documented in docs/runtime.md), the rest names the InferenceService field
+to change.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Fatal:
 
 def write(fatal: Fatal, path: str | None = None) -> None:
     """Log the failure and write it to the termination-message file (when one is configured)."""
-    log.error("Failed to start reason=%s message=%r", fatal.reason, fatal.message)
+    log.error("Exiting on a fatal error reason=%s message=%r", fatal.reason, fatal.message)
     path = path or os.environ.get(PATH_ENV)
     if not path:
         return
@@ -92,6 +92,15 @@ def model_source(reason: str, message: str) -> Fatal:
     """A model that cannot be resolved (sources.ModelSourceError's reason and text)."""
     hint = _MODEL_HINTS.get(reason, "fix spec.model.uri")
     return Fatal(reason, f"{_quote(message)} (spec.model.uri); {hint}")
+
+
+def engine_stalled(seconds: float, timeout: float) -> Fatal:
+    return Fatal(
+        "EngineStalled",
+        f"the vLLM engine had requests and produced no token for {seconds:.0f}s (the limit is "
+        f"{timeout:.0f}s); the container restarts; if the engine's steps can take that long, raise "
+        "spec.runtime.stallTimeoutSeconds",
+    )
 
 
 def bind_failed(host: str, port: int, error: str) -> Fatal:

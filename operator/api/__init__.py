@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .cost import CostSpec
-from .engine import EngineSpec
+from .engine import ChatTemplate, ConfigMapKeyRef, EngineSpec
 from .errors import describe, error_messages, field_path
 from .lora import LoraAdapter, LoraSpec
 from .model import ModelCache, ModelSource
@@ -52,7 +52,9 @@ __all__ = [
     "error_messages",
     "field_path",
     "AutoscalingSpec",
+    "ChatTemplate",
     "Condition",
+    "ConfigMapKeyRef",
     "CostSpec",
     "DisruptionSpec",
     "EndpointPickerSpec",

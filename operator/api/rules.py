@@ -45,6 +45,7 @@ MSG_SECRET_ENV = (
     "never a literal value"
 )
 MSG_GPU_MEMORY = "spec.engine.gpuMemoryUtilization must be greater than 0 and at most 1"
+MSG_CHAT_TEMPLATE = "spec.engine.chatTemplate: set exactly one of inline and configMap"
 MSG_MIN_MAX = "spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas"
 MSG_KV_TARGET = "spec.autoscaling.kvCacheUsage.targetRatio must be greater than 0 and at most 1"
 MSG_TARGET_IN_FLIGHT = (
@@ -125,6 +126,7 @@ ENGINE_RULES = [
         ".extraArgs",
     ),
 ]
+CHAT_TEMPLATE_RULES = [rule("has(self.inline) != has(self.configMap)", MSG_CHAT_TEMPLATE)]
 AUTOSCALING_RULES = [
     rule("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas", MSG_MIN_MAX, ".minReplicas"),
     rule(

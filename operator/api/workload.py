@@ -146,6 +146,14 @@ class RuntimeSpec(ApiModel):
         description="On shutdown, how long in-flight and queued requests may take to finish "
         "(--drain-timeout); terminationGracePeriodSeconds covers it.",
     )
+    stall_timeout_seconds: int = Field(
+        default=30,
+        ge=0,
+        le=3600,
+        description="How long the engine may have requests and produce no token before the runtime fails its "
+        "liveness probe and exits, so that the pod restarts (--stall-timeout); 0: never. An engine step "
+        "takes well under a second; a hung engine never ends one.",
+    )
     startup_timeout_seconds: int = Field(
         default=1800,
         ge=60,

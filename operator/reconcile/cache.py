@@ -6,7 +6,9 @@ Like controller-runtime's cache: a stale entry costs at most a redundant pass or
 wrong result, because every change also produces an event that queues the owner again.
 
 Secrets are not watched (that would mean reading every Secret in the cluster): the cache only remembers
-which referenced Secrets a pass has seen exist, until the next resync forgets them.
+which referenced Secrets a pass has seen exist, until the next resync forgets them. Nor are the ConfigMaps
+of spec.engine.chatTemplate.configMap: the cache remembers the template a pass read from one (once it
+compiled), until the next resync forgets it (reconcile/chattemplate.py).
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ class ObjectCache:
         self._owners: dict[Key, Obj] = {}
         self._children: dict[Key, dict[ChildKey, Obj]] = {}
         self._secrets: set[Key] = set()  # Secrets seen to exist
+        self._chat_templates: dict[tuple[str, str, str], str] = {}  # (namespace, ConfigMap, key) -> template
 
     def observe(
         self, obj: Obj, *, api_version: str | None = None, kind: str | None = None, deleted: bool = False
@@ -180,3 +183,17 @@ class ObjectCache:
         """Called at each resync: every Secret is looked up again once."""
         with self._lock:
             self._secrets.clear()
+
+    def saw_chat_template(self, namespace: str, config_map: str, key: str, template: str) -> None:
+        with self._lock:
+            self._chat_templates[(namespace, config_map, key)] = template
+
+    def chat_template(self, namespace: str, config_map: str, key: str) -> str | None:
+        with self._lock:
+            return self._chat_templates.get((namespace, config_map, key))
+
+    def forget_chat_templates(self) -> None:
+        """Called at each resync: every chat template's ConfigMap is read again once, so an edit reaches the
+        pods within a resync."""
+        with self._lock:
+            self._chat_templates.clear()

@@ -6,10 +6,11 @@ write it if it changed. Nothing here depends on memory from earlier passes but t
 
 What a pass reads from the API server: with the operator's watch-fed cache, the owner, its children and its
 pods come from the cache, and the only reads are metadata-only GETs of the Secrets the pod template
-references that the cache has not seen exist since the last resync (see `check_secrets`): none for a
-running service between resyncs. Without a cache (e.g. from a test) a pass gets the owner, lists each child
-kind, lists the pods once (by the owner label) and gets each referenced Secret's metadata. Writes happen only
-for a difference (compare.py).
+references that the cache has not seen exist since the last resync (see `check_secrets`), and a GET of the
+ConfigMap of spec.engine.chatTemplate.configMap whose template the cache has not held since the last resync
+(see chattemplate.py): none for a running service between resyncs. Without a cache (e.g. from a test) a pass
+gets the owner, lists each child kind, lists the pods once (by the owner label), gets each referenced
+Secret's metadata and the chat template's ConfigMap. Writes happen only for a difference (compare.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pagoda.operator.reconcile import events, restarts
 from pagoda.operator.reconcile.adapters import AdapterReport, AdapterSync, failure_events
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
+from pagoda.operator.reconcile.chattemplate import read_chat_template
 from pagoda.operator.reconcile.compare import matches
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.pods import POD_KIND, next_startup_deadline
@@ -184,11 +186,18 @@ def _reconcile(
     if owner is None or owner["metadata"].get("deletionTimestamp"):
         return Outcome("gone")
     spec, problems = parse_spec(owner)  # the one reading of the spec in a pass
+    chat_template, refused = (
+        read_chat_template(kube, cache, namespace, name, spec) if spec is not None else (None, None)
+    )
+    if refused is not None:  # a template the pods must not get: refused like an invalid spec, nothing applied
+        spec, problems = None, [refused]
     live, pods = read_children(kube, cache, namespace, name)
     schedule = spec.restart_schedule if spec is not None else None
     restart = restarts.plan(schedule, live.get(("Deployment", name)), now())
     desired = (
-        desired_state(owner, spec, namespace, name, default_image, restart) if spec is not None else None
+        desired_state(owner, spec, namespace, name, default_image, restart, chat_template)
+        if spec is not None
+        else None
     )
     hpa = live.pop((HPA_KIND[1], hpa_name(name)), None)
     p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems, hpa, capacity)
@@ -247,11 +256,13 @@ def desired_state(
     name: str,
     default_image: str,
     restart: restarts.RestartPlan | None = None,
+    chat_template: str | None = None,
 ) -> list[Obj]:
     """The children the spec asks for, with owner references. Anything a builder raises is a bug (the spec
-    was validated), and propagates: the work queue logs it with its traceback and retries with back-off."""
+    was validated), and propagates: the work queue logs it with its traceback and retries with back-off.
+    `chat_template`: the template read from spec.engine.chatTemplate.configMap (chattemplate.py)."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
-    children = desired_children(name, namespace, spec, default_image, stamps)
+    children = desired_children(name, namespace, spec, default_image, stamps, chat_template)
     return [with_owner(manifest, owner) for manifest in children]
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
 
+from .chattemplate import chat_template_config_map, chat_template_text
 from .deployment import NO_RESTART, RestartStamps, deployment
 from .meta import labels, selector, selector_string, service_url
 from .pdb import pod_disruption_budget
@@ -38,16 +39,23 @@ def desired_children(
     spec: InferenceServiceSpec,
     default_image: str = DEFAULT_RUNTIME_IMAGE,
     stamps: RestartStamps = NO_RESTART,
+    chat_template: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
-    The ScaledObject only when autoscaling is set, the ServiceMonitor only when enabled, the routing objects
-    (resources/routing.py) only with spec.routing; a kind in
+    The chat template's ConfigMap only with spec.engine.chatTemplate (before the Deployment, whose new pods
+    mount it), the ScaledObject only when autoscaling is set, the ServiceMonitor only when enabled, the
+    routing objects (resources/routing.py) only with spec.routing; a kind in
     CHILD_KINDS that is missing here is one the controller should delete. `stamps`: the
-    scheduled-restart annotations of the Deployment (see `RestartStamps`).
+    scheduled-restart annotations of the Deployment (see `RestartStamps`). `chat_template`: the template the
+    operator read from the ConfigMap spec.engine.chatTemplate.configMap names (an inline one is in the spec).
     """
-    children = [
-        deployment(name, namespace, spec, default_image, stamps),
+    template = chat_template_text(spec, chat_template)
+    children: list[dict[str, Any]] = []
+    if template is not None:
+        children.append(chat_template_config_map(name, namespace, template))
+    children += [
+        deployment(name, namespace, spec, default_image, stamps, chat_template),
         service(name, namespace, spec),
         pod_disruption_budget(name, namespace, spec),
     ]

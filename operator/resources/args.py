@@ -5,6 +5,8 @@ from __future__ import annotations
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.runtime.contract import CACHE_DIR, HTTP_PORT
 
+from .chattemplate import CHAT_TEMPLATE_PATH
+
 COMMAND = ["pagoda-runtime"]
 
 
@@ -27,11 +29,14 @@ def runtime_args(spec: InferenceServiceSpec) -> list[str]:
     args.append("--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching")
     if engine.max_num_seqs is not None:
         args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.chat_template is not None:  # the operator's copy, mounted into the pod (chattemplate.py)
+        args += ["--chat-template", CHAT_TEMPLATE_PATH]
     if spec.lora is not None:  # the limits only: the adapters are loaded at run time (no restart)
         args += ["--max-loras", str(spec.lora.max_loras), "--max-lora-rank", str(spec.lora.max_lora_rank)]
         if spec.lora.max_cpu_loras is not None:
             args += ["--max-cpu-loras", str(spec.lora.max_cpu_loras)]
     args += ["--drain-timeout", str(spec.runtime.drain_timeout_seconds), "--cache-dir", CACHE_DIR]
+    args += ["--stall-timeout", str(spec.runtime.stall_timeout_seconds)]
     if engine.extra_args:
         args += ["--", *engine.extra_args]
     return args

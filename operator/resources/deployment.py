@@ -32,11 +32,14 @@ def deployment(
     spec: InferenceServiceSpec,
     default_image: str = DEFAULT_RUNTIME_IMAGE,
     stamps: RestartStamps = NO_RESTART,
+    chat_template: str | None = None,
 ) -> dict[str, Any]:
-    """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field."""
-    template = pod_template(name, spec, default_image)
+    """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field.
+    `chat_template`: the template read from spec.engine.chatTemplate.configMap (see pod_template)."""
+    template = pod_template(name, spec, default_image, chat_template)
     if stamps.restarted_at is not None:
-        template["metadata"]["annotations"] = {RESTARTED_AT_ANNOTATION: stamps.restarted_at}
+        annotations = template["metadata"].setdefault("annotations", {})
+        annotations[RESTARTED_AT_ANNOTATION] = stamps.restarted_at
     body: dict[str, Any] = {
         "selector": {"matchLabels": selector(name)},
         "strategy": {

@@ -15,6 +15,13 @@ from pagoda.runtime.contract import (
 )
 
 from .args import COMMAND, runtime_args
+from .chattemplate import (
+    CHAT_TEMPLATE_HASH_ANNOTATION,
+    chat_template_mount,
+    chat_template_text,
+    chat_template_volume,
+    template_hash,
+)
 from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, labels
 from .quantity import canonical
 
@@ -40,7 +47,11 @@ WRITABLE_ENV = {
 STARTUP_PERIOD_SECONDS = 10
 
 
-def pod_template(name: str, spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
+def pod_template(
+    name: str, spec: InferenceServiceSpec, default_image: str, chat_template: str | None = None
+) -> dict[str, Any]:
+    """`chat_template`: the template read from the ConfigMap spec.engine.chatTemplate.configMap names (an
+    inline one is in the spec)."""
     pod: dict[str, Any] = {
         "enableServiceLinks": False,  # a Service named vllm would inject VLLM_PORT, which vLLM misreads
         # The runtime never calls the Kubernetes API: a token in the pod would only be something to steal.
@@ -66,7 +77,11 @@ def pod_template(name: str, spec: InferenceServiceSpec, default_image: str) -> d
         pod["affinity"] = spec.scheduling.affinity
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
-    return {"metadata": {"labels": labels(name)}, "spec": pod}
+    metadata: dict[str, Any] = {"labels": labels(name)}
+    template = chat_template_text(spec, chat_template)
+    if template is not None:  # the engine reads it once, at start: a new template rolls the pods
+        metadata["annotations"] = {CHAT_TEMPLATE_HASH_ANNOTATION: template_hash(template)}
+    return {"metadata": metadata, "spec": pod}
 
 
 def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
@@ -165,6 +180,8 @@ def volume_mounts(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
         mounts.append({"name": "model-source", "mountPath": f"{MODELS_DIR}/{claim}", "readOnly": True})
     for volume, adapter_claim in adapter_claims(spec):
         mounts.append({"name": volume, "mountPath": f"{MODELS_DIR}/{adapter_claim}", "readOnly": True})
+    if spec.engine.chat_template is not None:
+        mounts.append(chat_template_mount())
     return mounts
 
 
@@ -191,6 +208,8 @@ def volumes(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
         result.append(
             {"name": volume, "persistentVolumeClaim": {"claimName": adapter_claim, "readOnly": True}}
         )
+    if spec.engine.chat_template is not None:
+        result.append(chat_template_volume(name))
     return result
 
 

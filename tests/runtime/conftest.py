@@ -11,7 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import RUNTIME, RuntimeProcess  # noqa: E402
+from harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RUNTIME, RuntimeProcess  # noqa: E402
+
+from pagoda.runtime.tinymodel import CHAT_TEMPLATE  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -23,7 +25,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RuntimeProcess]:
-    runtime = RuntimeProcess(model=f"file://{tiny_model}", workdir=tmp_path_factory.mktemp("serve"))
+    workdir = tmp_path_factory.mktemp("serve")
+    template = workdir / "chat-template.jinja"
+    template.write_text(f"{CHAT_TEMPLATE_MARKER}\n{CHAT_TEMPLATE}")
+    runtime = RuntimeProcess(
+        model=f"file://{tiny_model}",
+        workdir=workdir,
+        flags=[*ENGINE_FLAGS, "--chat-template", str(template)],
+    )
     runtime.start()
     try:
         runtime.wait_ready()

@@ -11,12 +11,16 @@ import psutil
 
 from e2e.processes import VENV_BIN, ManagedProcess, WaitTimeout, free_port, runtime_env, wait_until
 
-__all__ = ["RUNTIME", "RuntimeProcess", "wait_until"]
+__all__ = ["CHAT_TEMPLATE_MARKER", "RUNTIME", "RuntimeProcess", "wait_until"]
 
 RUNTIME = str(VENV_BIN / "pagoda-runtime")
 START_TIMEOUT_S = 420.0
 ENGINE_FLAGS = ["--max-model-len", "2048", "--max-num-seqs", "4", "--dtype", "float32"]
 VLLM_EXTRA = ["--enforce-eager"]
+# The first line of the shared server's chat template (--chat-template, what the operator passes for
+# spec.engine.chatTemplate): the tiny model's own template follows it, so the chat tests see the same role
+# markers, and a test sees that the engine renders the flag's template rather than the model's.
+CHAT_TEMPLATE_MARKER = "[pagoda chat template]"
 
 
 @dataclass

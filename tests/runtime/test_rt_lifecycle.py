@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -115,6 +117,96 @@ def test_api_key_and_engine_death_exit_nonzero(tiny_model: Path, tmp_path: Path)
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"left behind: {alive}"
     finally:
+        runtime.terminate()
+
+
+def test_a_stalled_engine_fails_liveness_and_exits_1(tiny_model: Path, tmp_path: Path) -> None:
+    """An EngineCore that stops making progress (SIGSTOP: alive to every process check, answering nothing)
+    while it has requests: within --stall-timeout the probes fail with "engine stalled", the runtime exits 1
+    with an EngineStalled termination message, its requests end instead of hanging, and nothing is left."""
+    message_file = tmp_path / "termination-log"
+    runtime = RuntimeProcess(
+        model=f"file://{tiny_model}",
+        workdir=tmp_path / "run",
+        flags=[
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "4",
+            "--dtype",
+            "float32",
+            "--stall-timeout",
+            "5",
+        ],
+        extra_env={"PAGODA_TERMINATION_MESSAGE_PATH": str(message_file)},
+    ).start()
+    engine_core: list[psutil.Process] = []
+    try:
+        runtime.wait_ready()
+        assert runtime.proc is not None
+        api = openai.OpenAI(base_url=runtime.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+        streaming = threading.Event()
+        ended: list[str] = []
+
+        def one() -> None:
+            try:
+                stream = api.completions.create(
+                    model="tiny",
+                    prompt="stall",
+                    max_tokens=1500,
+                    stream=True,
+                    extra_body={"ignore_eos": True},
+                )
+                for _ in stream:
+                    streaming.set()
+                ended.append("finished")  # the stall came too late for this request
+            except Exception as exc:  # noqa: BLE001 - the connection ends with the process
+                ended.append(type(exc).__name__)
+
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        assert streaming.wait(timeout=60), "no request began streaming"
+        children = runtime.children()
+        engine_core = [c for c in children if "EngineCore" in " ".join(c.cmdline()) + c.name()]
+        assert engine_core, [c.name() for c in children]
+        stopped = time.monotonic()
+        engine_core[0].send_signal(signal.SIGSTOP)
+        # While the stall grows, the server still answers: /metrics shows it counting up; at 5 s the probes
+        # fail ("engine stalled") and the process exits.
+        stalled_seconds: list[float] = []
+        probes: list[dict[str, Any]] = []
+
+        def exited() -> bool:
+            try:
+                stalled_seconds.append(metric(runtime, "pagoda_engine_stalled_seconds"))
+                answer = runtime.get("/livez")
+                if answer.status_code != 200:
+                    probes.append(answer.json())
+            except httpx.HTTPError:
+                pass  # closing down
+            return runtime.proc.poll() is not None
+
+        wait_until(exited, timeout=60, interval=0.2, what="the runtime's exit")
+        assert runtime.proc.returncode == 1
+        assert 5 <= time.monotonic() - stopped < 30
+        assert max(stalled_seconds) >= 3, stalled_seconds
+        assert all(p == {"status": "engine stalled"} for p in probes), probes
+        assert message_file.read_text().startswith("EngineStalled: the vLLM engine had requests"), (
+            message_file
+        )
+        for t in threads:
+            t.join(timeout=30)
+        assert not any(t.is_alive() for t in threads), "a request hung past the runtime's exit"
+        assert len(ended) == 4 and "finished" not in ended, ended
+        gone, alive = psutil.wait_procs(children, timeout=10)
+        assert not alive, f"left behind: {alive}"
+    finally:
+        for proc in engine_core:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
         runtime.terminate()
 
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from harness import ENGINE_FLAGS, RuntimeProcess, wait_until
+from harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RuntimeProcess, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.runtime
@@ -57,6 +57,19 @@ def test_chat_completion(server: RuntimeProcess) -> None:
     assert choice.finish_reason in ("length", "stop")
     assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 12
     assert reply.usage.prompt_tokens > 3  # the chat template added its role markers
+
+
+def test_chat_requests_are_rendered_with_the_chat_template_flag(server: RuntimeProcess) -> None:
+    """The server runs with --chat-template (conftest.py): vLLM renders chat requests with that file, not the
+    model's own template, and a chat completion's prompt is exactly what it rendered."""
+    messages = [{"role": "user", "content": "Say hello."}]
+    body = {"model": "tiny", "messages": messages, "add_generation_prompt": True}
+    tokens = httpx.post(server.url + "/tokenize", json=body, timeout=30).json()["tokens"]
+    detokenized = httpx.post(server.url + "/detokenize", json={"model": "tiny", "tokens": tokens}, timeout=30)
+    prompt = detokenized.json()["prompt"]
+    assert prompt.startswith(CHAT_TEMPLATE_MARKER + "\n") and "Say hello." in prompt, prompt
+    reply = client(server).chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(tokens)
 
 
 def test_streaming_chat(server: RuntimeProcess) -> None:

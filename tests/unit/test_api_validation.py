@@ -293,6 +293,37 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         None,
     ),
     (
+        "chat-template-does-not-compile",
+        _set("engine.chatTemplate", {"inline": "{% for m in messages %}\n{{ m.content }\n{% endfor %}"}),
+        "spec.engine.chatTemplate.inline: the Jinja template does not compile: line 2: unexpected '}'",
+        None,
+    ),
+    (
+        "chat-template-unknown-filter",
+        _set("engine.chatTemplate", {"inline": "{{ messages | shout }}"}),
+        "spec.engine.chatTemplate.inline: the Jinja template does not compile: line 1: No filter named",
+        None,
+    ),
+    (
+        "chat-template-inline-and-config-map",
+        _set("engine.chatTemplate", {"inline": "{{ x }}", "configMap": {"name": "t", "key": "t.jinja"}}),
+        "spec.engine.chatTemplate",
+        r.MSG_CHAT_TEMPLATE,
+    ),
+    ("chat-template-empty", _set("engine.chatTemplate", {}), "spec.engine.chatTemplate", r.MSG_CHAT_TEMPLATE),
+    (
+        "chat-template-key-not-a-key",
+        _set("engine.chatTemplate", {"configMap": {"name": "t", "key": "../t.jinja/"}}),
+        "spec.engine.chatTemplate.configMap.key",
+        None,
+    ),
+    (
+        "chat-template-config-map-without-key",
+        _set("engine.chatTemplate", {"configMap": {"name": "t"}}),
+        "spec.engine.chatTemplate.configMap.key",
+        None,
+    ),
+    (
         "prometheus-not-url",
         _set("autoscaling.prometheusAddress", "prometheus:9090"),
         "spec.autoscaling.prometheusAddress",
@@ -450,3 +481,15 @@ def test_cost_prices_must_be_positive_in_the_crd_schema(crd_root_schema: dict[st
     for name in ("gpuHourPrice", "apiPricePerMillionTokens"):
         field = cost["properties"][name]
         assert (field["type"], field["minimum"], field["exclusiveMinimum"]) == ("number", 0, True)
+
+
+def test_chat_templates_inline_or_from_a_config_map_pass(
+    llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    for template in (
+        {"inline": "{{ bos_token }}{% for m in messages %}{{ m.content }}{% endfor %}"},
+        {"configMap": {"name": "chat-templates", "key": "llama-3.1.jinja"}},
+    ):
+        llama_spec["engine"]["chatTemplate"] = template
+        InferenceServiceSpec.model_validate(llama_spec)
+        assert cel_check(_object("llama", llama_spec)) == []

@@ -150,6 +150,8 @@ def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str
         expected[(group, plural)] = {"list", "watch", "create", "patch", "delete"}
     for api_version, _kind, plural in OBSERVED_KINDS:  # watched and listed, never written
         expected[(api_version.rpartition("/")[0], plural)] = {"list", "watch"}
+    # spec.engine.chatTemplate.configMap: the user's ConfigMap is read (reconcile/chattemplate.py).
+    expected[("", "configmaps")].add("get")
     # What the endpoint picker's Role grants (spec.routing), which the operator must hold to grant it.
     for rule in PICKER_RULES:
         for group in rule["apiGroups"]:

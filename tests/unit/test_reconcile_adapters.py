@@ -5,9 +5,10 @@ e2e/test_lora.py)."""
 from __future__ import annotations
 
 import base64
-import copy
 import json
 from typing import Any
+
+from fakekube import StampingWrites, owner_object
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.reconcile import core
@@ -346,19 +347,13 @@ def test_the_status_fits_the_crd() -> None:
     InferenceServiceStatus.model_validate(json.loads(json.dumps(report.status)))
 
 
-class RecordingKube:
+class RecordingKube(StampingWrites):
     """Answers a pass's writes as the API server does (the object back, with a new resourceVersion)."""
 
     def __init__(self, owner: Obj) -> None:
-        self.owner, self.writes, self.version = owner, [], 100
+        super().__init__()
+        self.owner = owner
         self.status: Obj = {}
-
-    def _stamp(self, obj: Obj) -> Obj:
-        self.version += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}")
-        return obj
 
     def apply(self, manifest: Obj, plural: str) -> Obj:
         self.writes.append(("apply", manifest["kind"]))
@@ -395,18 +390,7 @@ def test_adding_an_adapter_changes_no_child_only_the_status() -> None:
         "replicas": 1,
     }
     lora: Obj = {"maxLoras": 2, "adapters": [{"name": "sql", "uri": "hf://pagoda-test/sql-lora"}]}
-    owner: Obj = {
-        "apiVersion": "pagoda.dev/v1alpha1",
-        "kind": "InferenceService",
-        "metadata": {
-            "name": "llm",
-            "namespace": "ns",
-            "uid": "uid-owner",
-            "resourceVersion": "1",
-            "generation": 1,
-        },
-        "spec": {**spec, "lora": lora},
-    }
+    owner = owner_object({**spec, "lora": lora})
     kube, cache, sync = RecordingKube(owner), ObjectCache("InferenceService"), AdapterSync(unreachable)
     cache.observe(owner)
 

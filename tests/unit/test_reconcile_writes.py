@@ -12,6 +12,7 @@ from typing import Any
 
 import kopf
 import pytest
+from fakekube import StampingWrites, owner_object
 
 from pagoda.operator.handlers import NoDiffBase, configure
 from pagoda.operator.reconcile import core, events
@@ -23,21 +24,13 @@ NOW = "2026-12-01T00:00:00Z"
 LATER = "2026-12-01T00:00:11Z"  # past the first status's grace
 
 
-class RecordingKube:
+class RecordingKube(StampingWrites):
     """Answers writes the way the API server does (the object back, with a new resourceVersion)."""
 
     def __init__(self, fail_apply: str | None = None) -> None:
-        self.writes: list[tuple[str, str]] = []
+        super().__init__()
         self.events: list[Obj] = []
-        self.version = 100
         self.fail_apply = fail_apply
-
-    def _stamp(self, obj: Obj) -> Obj:
-        self.version += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}")
-        return obj
 
     def apply(self, manifest: Obj, plural: str) -> Obj:
         if manifest["kind"] == self.fail_apply:
@@ -65,18 +58,7 @@ class RecordingKube:
         return None  # no Secret exists
 
 
-OWNER: Obj = {
-    "apiVersion": "pagoda.dev/v1alpha1",
-    "kind": "InferenceService",
-    "metadata": {
-        "name": "llm",
-        "namespace": "ns",
-        "uid": "uid-owner",
-        "resourceVersion": "1",
-        "generation": 1,
-    },
-    "spec": SPEC,
-}
+OWNER = owner_object(SPEC)
 
 
 def cache_with(owner: Obj) -> ObjectCache:

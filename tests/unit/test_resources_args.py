@@ -9,6 +9,7 @@ import pytest
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources.args import COMMAND, runtime_args
+from pagoda.operator.resources.chattemplate import CHAT_TEMPLATE_PATH
 from pagoda.runtime.config import ServeConfig, add_serve_flags, config_from_args
 from pagoda.runtime.sources import parse_model_uri
 
@@ -39,6 +40,7 @@ def _check_round_trip(spec: InferenceServiceSpec) -> None:
     assert config.block_size == engine.block_size
     assert config.enable_prefix_caching is engine.enable_prefix_caching
     assert config.max_num_seqs == engine.max_num_seqs
+    assert config.chat_template == (CHAT_TEMPLATE_PATH if engine.chat_template else None)
     assert config.drain_timeout == spec.runtime.drain_timeout_seconds
     assert config.cache_dir == "/var/cache/pagoda"
     assert list(config.extra_args) == engine.extra_args
@@ -55,6 +57,8 @@ def test_example_args_round_trip(example: dict[str, Any]) -> None:
         {"quantization": "gptq", "enablePrefixCaching": False, "blockSize": 128},
         {"dtype": "float16", "maxModelLen": 16, "maxNumSeqs": 1, "gpuMemoryUtilization": 1},
         {"gpuMemoryUtilization": 0.1 + 0.2, "extraArgs": ["--enforce-eager", "--kv-cache-dtype", "fp8"]},
+        {"chatTemplate": {"inline": "{% for m in messages %}{{ m.content }}{% endfor %}"}},
+        {"chatTemplate": {"configMap": {"name": "templates", "key": "chat.jinja"}}},
     ],
 )
 def test_engine_variants_round_trip(llama_spec: dict[str, Any], engine: dict[str, Any]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -113,6 +114,48 @@ def test_cli_unknown_flag_exits_2() -> None:
         [RUNTIME, "serve", "--model", "file:///m", "--bogus"], capture_output=True, timeout=120
     )
     assert r.returncode == 2 and b"--bogus" in r.stderr
+
+
+GOOD_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}"
+BROKEN_TEMPLATE = "{% for m in messages %}\n{{ m['content'] }\n{% endfor %}"
+
+
+def test_chat_template_file_or_text_that_compiles_goes_to_vllm(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jinja"
+    path.write_text(GOOD_TEMPLATE)
+    for value in (str(path), GOOD_TEMPLATE, "tool_chat_template_llama3.1_json.jinja"):  # the last: vLLM's own
+        config = parse("--model", "file:///m", "--chat-template", value)
+        argv = vllm_argv(config, "/m")
+        assert argv[argv.index("--chat-template") + 1] == value
+    assert "--chat-template" not in vllm_argv(parse("--model", "file:///m"), "/m")
+
+
+def test_chat_template_that_does_not_compile_names_the_flag_and_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "chat.jinja"
+    path.write_text(BROKEN_TEMPLATE)
+    for value in (str(path), BROKEN_TEMPLATE):
+        with pytest.raises(ConfigError) as caught:
+            parse("--model", "file:///m", "--chat-template", value)
+        assert str(caught.value).startswith(
+            "--chat-template: Value error, the Jinja chat template does not compile: line 2: unexpected '}'"
+        )
+
+
+def test_cli_refuses_a_broken_chat_template_with_an_invalid_config_message(tmp_path: Path) -> None:
+    """Before the engine is imported: exit 2 and the termination message the operator reports."""
+    path, message = tmp_path / "chat.jinja", tmp_path / "termination-log"
+    path.write_text(BROKEN_TEMPLATE)
+    r = subprocess.run(
+        [RUNTIME, "serve", "--model", "file:///m", "--chat-template", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PAGODA_TERMINATION_MESSAGE_PATH": str(message)},
+    )
+    assert r.returncode == 2 and "--chat-template" in r.stderr
+    assert message.read_text().startswith(
+        "InvalidConfig: --chat-template: Value error, the Jinja chat template does not compile: line 2: "
+    )
 
 
 @pytest.mark.parametrize(("gib_total", "expected"), [(2, 1), (24, 3), (64, 8), (1024, 16)])

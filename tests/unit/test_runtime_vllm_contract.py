@@ -144,6 +144,17 @@ def test_vllm_parses_the_runtime_command_line(vllm: Any) -> None:
     assert args.ssl_keyfile is None and args.headless is False and args.api_server_count is None
 
 
+def test_vllm_takes_the_chat_template_file_the_operator_mounts(vllm: Any, tmp_path: Path) -> None:
+    """--chat-template reaches vLLM's parser and its start-up check as the file (vLLM reads it when the app
+    state is built, renderers/chat_utils.py load_chat_template)."""
+    from pagoda.runtime.engine import parse_vllm_args
+
+    path = tmp_path / "chat-template.jinja"
+    path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    config = ServeConfig(model="file:///models/m", chat_template=str(path))
+    assert parse_vllm_args(config, "/models/m").chat_template == str(path)
+
+
 @pytest.mark.parametrize(
     ("extra", "flag"),
     [

@@ -1,0 +1,39 @@
+"""What the unit tests' fake API servers share: a write answered as the API server answers it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+Obj = dict[str, Any]
+
+
+class StampingWrites:
+    """Records a pass's writes and answers each with the object back, a new resourceVersion and a uid."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, str]] = []
+        self.version = 100
+
+    def _stamp(self, obj: Obj) -> Obj:
+        self.version += 1
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["resourceVersion"] = str(self.version)
+        obj["metadata"].setdefault("uid", f"uid-{obj['kind']}")
+        return obj
+
+
+def owner_object(spec: Obj) -> Obj:
+    """The InferenceService `llm` in namespace `ns` as the API server returns it, generation 1."""
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {
+            "name": "llm",
+            "namespace": "ns",
+            "uid": "uid-owner",
+            "resourceVersion": "1",
+            "generation": 1,
+        },
+        "spec": spec,
+    }
