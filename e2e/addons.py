@@ -177,7 +177,8 @@ def _kubectl(cluster: Cluster, *args: str, input: str | None = None) -> str:
     return proc.stdout
 
 
-def _apply(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
+def apply_objects(cluster: Cluster, docs: list[dict[str, Any]]) -> None:
+    """Server-side apply of the add-ons' objects, under the add-ons' field manager."""
     _kubectl(cluster, *APPLY, "--filename=-", input=yaml.safe_dump_all(docs))
 
 
@@ -235,7 +236,7 @@ def write_keda_certs(directory: Path) -> TlsDir:
 
 def install_keda_crds(cluster: Cluster, timeout: float = 60.0) -> None:
     """Applies all six KEDA CRDs and the `keda` namespace; waits until the CRDs are Established."""
-    _apply(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KEDA_NAMESPACE}}])
+    apply_objects(cluster, [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": KEDA_NAMESPACE}}])
     install_crds(cluster, KEDA_CRD_FILES, timeout)
 
 
@@ -366,7 +367,7 @@ def start_keda(
         # Its only sign that the mutual TLS with the operator works is this line of its log.
         _wait(lambda: GRPC_CONNECTED in keda.adapter.log(), "keda-adapter's gRPC connection", procs, deadline)
 
-        _apply(cluster, external_metrics_objects(adapter, keda.tls.ca_cert))
+        apply_objects(cluster, external_metrics_objects(adapter, keda.tls.ca_cert))
         last: dict[str, str] = {}
 
         def available() -> bool:

@@ -15,7 +15,6 @@ through the cluster DNS (e2e/clusterdns.py). ScaledObjects then need no address 
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator
@@ -26,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from e2e import _procs, images
-from e2e.addons import AddonProcess, Addons, start_addons
+from e2e.addons import AddonProcess, Addons, apply_objects, start_addons
 from e2e.cluster import Cluster, start_private
 from e2e.processes import OperatorProcess, free_port, http_ok
 from pagoda.operator.api.scaling import AutoscalingSpec
@@ -123,8 +122,7 @@ def start_stack(cluster: Cluster, *, detach: bool = False, timeout: float = STAR
         addons.stop()
         raise
     if cluster.node is not None:
-        objects = {"apiVersion": "v1", "kind": "List", "items": prometheus_service(host, port)}
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(objects))
+        apply_objects(cluster, prometheus_service(host, port))
     return Stack(cluster, addons, monitoring, host, port)
 
 

@@ -11,7 +11,6 @@ template rolls the pods when it changes.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
@@ -42,10 +41,6 @@ def chat_template_text(spec: InferenceServiceSpec, from_config_map: str | None) 
     if from_config_map is None:
         raise ValueError("spec.engine.chatTemplate.configMap: the ConfigMap's template was not read")
     return from_config_map
-
-
-def template_hash(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def chat_template_config_map(name: str, namespace: str, text: str) -> dict[str, Any]:

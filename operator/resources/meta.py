@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 # The container's side of the operator-runtime contract (runtime/contract.py), re-exported for the builders.
@@ -51,3 +52,9 @@ def metadata(name: str, namespace: str) -> dict[str, Any]:
 def service_url(name: str, namespace: str, port: int) -> str:
     """In-cluster URL of the service's OpenAI API (status.url)."""
     return f"http://{name}.{namespace}.svc:{port}"
+
+
+def content_hash(text: str) -> str:
+    """A short digest of a configuration a container reads once, at start: put on the pod template, it rolls
+    the pods when the configuration changes (the picker's config, the chat template)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -20,9 +20,8 @@ from .chattemplate import (
     chat_template_mount,
     chat_template_text,
     chat_template_volume,
-    template_hash,
 )
-from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, labels
+from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, content_hash, labels
 from .quantity import canonical
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
@@ -80,7 +79,7 @@ def pod_template(
     metadata: dict[str, Any] = {"labels": labels(name)}
     template = chat_template_text(spec, chat_template)
     if template is not None:  # the engine reads it once, at start: a new template rolls the pods
-        metadata["annotations"] = {CHAT_TEMPLATE_HASH_ANNOTATION: template_hash(template)}
+        metadata["annotations"] = {CHAT_TEMPLATE_HASH_ANNOTATION: content_hash(template)}
     return {"metadata": metadata, "spec": pod}
 
 

@@ -9,7 +9,6 @@ the operator's pod watch, status and capacity reads are about runtime pods only.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import yaml
@@ -17,7 +16,7 @@ import yaml
 from pagoda.operator.api import InferenceServiceSpec, RoutingSpec, ServiceMonitorSpec
 from pagoda.runtime.contract import HTTP_PORT
 
-from .meta import labels, metadata, selector
+from .meta import content_hash, labels, metadata, selector
 from .quantity import canonical
 
 PICKER_NAME = "pagoda-endpoint-picker"
@@ -202,7 +201,7 @@ def picker_deployment(name: str, namespace: str, spec: InferenceServiceSpec) -> 
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     # The picker reads its config once at start: a changed config rolls the picker.
-    config_hash = hashlib.sha256(render_config(spec).encode()).hexdigest()[:16]
+    config_hash = content_hash(render_config(spec))
     template = {
         "metadata": {
             "labels": {**picker_selector(name), "app.kubernetes.io/instance": name},
