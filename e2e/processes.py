@@ -230,8 +230,10 @@ class OperatorProcess(ManagedProcess, OperatorMetrics):
         metrics_host: str | None = "127.0.0.1",
         cwd: Path | None = None,
         runtime_image: str | None = None,
+        management_key_secret: str | None = None,
     ) -> None:
         super().__init__(log_path)
+        self.management_key_secret = management_key_secret
         self.kubeconfig, self.resync_seconds, self.workers = kubeconfig, resync_seconds, workers
         self.metrics_host, self.cwd, self.runtime_image = metrics_host, cwd, runtime_image
         self.port = free_port()
@@ -247,6 +249,8 @@ class OperatorProcess(ManagedProcess, OperatorMetrics):
             args += ["--workers", str(self.workers)]
         if self.runtime_image is not None:
             args += ["--runtime-image", self.runtime_image]
+        if self.management_key_secret is not None:
+            args += ["--management-key-secret", self.management_key_secret]
         return args
 
     def start(self) -> Self:

@@ -110,6 +110,9 @@ def test_an_added_adapter_is_served_by_every_replica_without_a_restart(
         assert served_models(ip) == {"tiny", ADAPTER}
         reply = complete(ip, ADAPTER)
         assert reply.status_code == 200, reply.text
+        # The operator loaded it with signed calls; a caller without its key is refused (docs/security.md).
+        unsigned = httpx.delete(f"http://{ip}:8000/v1/pagoda/adapters/{ADAPTER}", timeout=10)
+        assert unsigned.status_code == 401, unsigned.text
     header, row = cluster.kubectl("-n", serving, "get", "inferenceservice", "tiny").stdout.splitlines()
     columns = header.split()
     assert "ADAPTERS" in columns and row.split()[columns.index("ADAPTERS")] == "1/1", (header, row)

@@ -22,6 +22,7 @@ from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.reconcile.management import KeyUnavailable, load_signer, parse_secret_ref
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
 
@@ -52,8 +53,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="ask each Ready runtime pod once for its KV-cache capacity (status.capacity); turn off where "
         "the operator cannot reach pod IPs",
     )
+    parser.add_argument(
+        "--management-key-secret",
+        metavar="NAMESPACE/NAME",
+        help="the Secret holding the key the operator signs its calls to the runtimes' management API with "
+        "(made there when missing); default: a key of this process only, new at each start",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
+    if args.management_key_secret is not None:
+        try:
+            args.management_key_secret = parse_secret_ref(args.management_key_secret)
+        except ValueError as exc:
+            parser.error(str(exc))
     if not 0 < args.metrics_port < 65536:
         parser.error(f"--metrics-port: {args.metrics_port} is not a TCP port (1-65535)")
     if args.workers < 1:
@@ -132,13 +144,15 @@ async def run(args: argparse.Namespace) -> None:
         queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))  # type: ignore[index]
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
     capacity = CapacityReader() if args.read_capacity else None
+    signer = await asyncio.to_thread(load_signer, kube, args.management_key_secret)
     job = functools.partial(
         reconcile,
         kube,
         cache=cache,
         default_image=args.runtime_image,
         capacity=capacity,
-        adapters=AdapterSync(),
+        adapters=AdapterSync(signer),
+        management_key=signer.public_pem,
     )
     tasks = [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
     tasks.append(asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds)))
@@ -179,7 +193,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s level=%(levelname)s logger=%(name)s %(message)s",
     )
-    asyncio.run(run(args))
+    try:
+        asyncio.run(run(args))
+    except KeyUnavailable as exc:
+        log.error("Failed to start: %s", exc)
+        return 1
     return 0
 
 

@@ -262,11 +262,13 @@ def adapter_engine_class() -> Any:
     return AdapterEngine
 
 
-def attach_routes(app: Any, manager: AdapterManager) -> None:
-    """GET /v1/pagoda/adapters, GET|PUT|DELETE /v1/pagoda/adapters/{name} on vLLM's app (behind its API key
-    check, like the OpenAI routes)."""
+def management_app(manager: AdapterManager) -> Any:
+    """GET /v1/pagoda/adapters, GET|PUT|DELETE /v1/pagoda/adapters/{name}: an ASGI app of its own, not a
+    part of vLLM's. The server's gate lets only calls the operator signed reach it (server.py,
+    management.py); vLLM's API key (spec.runtime.apiKeySecret) is for the inference API and not asked."""
     from starlette.requests import Request
     from starlette.responses import JSONResponse
+    from starlette.routing import Route, Router
 
     def error(exc: AdapterError) -> JSONResponse:
         return JSONResponse(openai_error(str(exc), exc.status, exc.kind), status_code=exc.status)
@@ -288,8 +290,12 @@ def attach_routes(app: Any, manager: AdapterManager) -> None:
             return error(exc)
         return JSONResponse(adapter.as_json(manager.tracker))
 
-    app.add_route(PATH, list_adapters, methods=["GET"])
-    app.add_route(PATH + "/{name}", one_adapter, methods=["GET", "PUT", "DELETE"])
+    return Router(
+        routes=[
+            Route(PATH, list_adapters, methods=["GET"]),
+            Route(PATH + "/{name}", one_adapter, methods=["GET", "PUT", "DELETE"]),
+        ]
+    )
 
 
 async def _source(request: Any, name: str) -> tuple[str, str | None]:

@@ -11,7 +11,7 @@ import os
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from pagoda.runtime import contract, vllmflags
+from pagoda.runtime import contract, management, vllmflags
 from pagoda.runtime.chattemplate import compile_error
 from pagoda.runtime.lora import AdapterError, parse_lora_flag
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri
@@ -54,6 +54,7 @@ class ServeConfig(BaseModel):
     max_request_body_bytes: int = Field(default=16 * 1024**2, gt=0)
     stall_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)  # 0: never
     cache_dir: str = contract.CACHE_DIR
+    management_public_key_file: str | None = Field(default=None, min_length=1)
     extra_args: tuple[str, ...] = ()
 
     @field_validator("model")
@@ -118,6 +119,17 @@ class ServeConfig(BaseModel):
                 f"{len(names)} adapters but a replica holds at most {limit} "
                 "(--max-cpu-loras, which defaults to --max-loras, 1)"
             )
+        return value
+
+    @field_validator("management_public_key_file")
+    @classmethod
+    def _management_key(cls, value: str | None) -> str | None:
+        """A key that cannot be read would refuse every management call: refused at start instead."""
+        if value is not None:
+            try:
+                management.Verifier(value).public_key()
+            except management.Unauthorized as exc:
+                raise ValueError(str(exc).replace("this pod cannot read ", "cannot read ")) from None
         return value
 
     @field_validator("max_lora_rank")
@@ -219,6 +231,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         f"under a second, a hung EngineCore for ever; 0: never ({_default('stall_timeout')})",
     )
     parser.add_argument("--cache-dir", help=f"where hf:// and s3:// models go ({_default('cache_dir')})")
+    parser.add_argument(
+        "--management-public-key-file",
+        metavar="PEM",
+        help="the operator's Ed25519 public key: the management API (adapters) answers only calls signed "
+        "with its private key (runtime/management.py); without it the management API answers 403",
+    )
 
 
 def config_from_args(ns: argparse.Namespace, extra_args: list[str]) -> ServeConfig:

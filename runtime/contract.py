@@ -26,6 +26,11 @@ TERMINATION_MESSAGE_ENV = "PAGODA_TERMINATION_MESSAGE_PATH"
 # The runtime's management API, which the operator calls on each Ready pod.
 ADAPTERS_PATH = "/v1/pagoda/adapters"  # GET the loaded adapters; PUT/DELETE /{name}
 CAPACITY_PATH = "/v1/pagoda/capacity"  # GET the KV cache's size in tokens and the engine's limits
+# Calls to ADAPTERS_PATH must be signed by the operator (runtime/management.py); the pod holds the public key
+# in this file, mounted from the ConfigMap the operator writes per service.
+MANAGEMENT_KEY_DIR = "/etc/pagoda/management"
+MANAGEMENT_KEY_FILE = "public-key.pem"
+MANAGEMENT_PUBLIC_KEY_PATH = f"{MANAGEMENT_KEY_DIR}/{MANAGEMENT_KEY_FILE}"
 
 # The runtime's gauges the ScaledObject's Prometheus queries read (docs/observability.md).
 QUEUE_DEPTH_METRIC = "pagoda_queue_depth"

@@ -20,7 +20,7 @@ import uvicorn
 
 from pagoda.runtime import capacity, enginefailure, metrics, sources, termination
 from pagoda.runtime import engine as eng
-from pagoda.runtime.adapters import AdapterManager, attach_routes
+from pagoda.runtime.adapters import AdapterManager, management_app
 from pagoda.runtime.config import ServeConfig
 from pagoda.runtime.lora import parse_lora_flag
 from pagoda.runtime.progress import ProgressWatch
@@ -103,6 +103,7 @@ class Runtime:
             adapters,
             max_connection_age=config.max_connection_age,
             max_request_body_bytes=config.max_request_body_bytes,
+            management_key=config.management_public_key_file,
         )
         self.stop = asyncio.Event()
         self.exit_code = 0
@@ -200,11 +201,11 @@ class Runtime:
         watchdog.cancel()
 
     async def _start_adapters(self, app: Any, base_dir: Path) -> None:
-        """The adapters API on vLLM's app, and the --lora adapters loaded before the pod is ready."""
+        """The adapters API (the management API), and the --lora adapters loaded before the pod is ready."""
         manager = self.state.adapters
         assert manager is not None
         manager.attach(self.state.engine, app.state.openai_serving_models, base_dir)
-        attach_routes(app, manager)
+        self.state.management = management_app(manager)
         await manager.load_at_start([parse_lora_flag(flag) for flag in self.config.lora])
 
     async def _watch_engine(self) -> None:

@@ -15,6 +15,10 @@ While draining (after SIGTERM, lifecycle.py), requests are still served, but eve
 `Connection: close`: a client whose kept-alive connection still leads here (kube-proxy keeps a connection on
 the endpoint it was made to, after the endpoint is gone) sends its next request on a new connection, which
 reaches a live replica. Only past the drain's deadline are requests refused, with 503 and Retry-After.
+
+The management API (the adapters endpoints, contract.ADAPTERS_PATH) is not vLLM's: it answers only calls
+the operator signed (management.py), 401 otherwise, and 403 for every call when the runtime was started
+without the operator's public key (--management-public-key-file).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pagoda.runtime import capacity, metrics
+from pagoda.runtime import capacity, contract, management, metrics
 from pagoda.runtime.adapters import AdapterManager
 from pagoda.runtime.apierrors import openai_error
 
@@ -86,12 +90,15 @@ class RuntimeState:
         adapters: AdapterManager | None = None,
         max_connection_age: float = 0.0,
         max_request_body_bytes: int | None = None,  # None: no limit
+        management_key: str | None = None,  # the operator's public key file; None: no management API
     ) -> None:
         self.status = metrics.ServerStatus(model_name=model_name)
         self.adapters = adapters
         if adapters is not None and adapters.enabled:
             self.status.adapters = adapters.tracker
         self.inner: ASGIApp | None = None
+        self.management: ASGIApp | None = None  # the adapters API, once the engine is loaded
+        self.verifier = management.Verifier(management_key) if management_key else None
         self.engine: Any = None  # vllm EngineClient once built
         self.engine_registry: Any = None
         self.in_flight = 0
@@ -150,6 +157,9 @@ class PagodaApp:
             if path == capacity.PATH:
                 await self._capacity(send)
                 return
+            if path == contract.ADAPTERS_PATH or path.startswith(contract.ADAPTERS_PATH + "/"):
+                await self._management(scope, receive, send)
+                return
         await self._forward(scope, receive, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
@@ -203,7 +213,40 @@ class PagodaApp:
             return
         await _send_json(send, 200, kv.as_json(), [])
 
-    async def _forward(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A management call: its body read (it is small), its signature checked, then the adapters API."""
+        verifier = self.state.verifier
+        if verifier is None:
+            message = "The management API is off: the runtime started without --management-public-key-file."
+            await _send_json(send, 403, openai_error(message, 403, "Forbidden"), [])
+            return
+        body = await _read_body(receive, management.MAX_BODY)
+        if body is None:
+            await _send_json(send, 413, _too_large(management.MAX_BODY), [])
+            return
+        headers = {k.lower(): v.decode("latin-1") for k, v in scope.get("headers") or []}
+        query = scope.get("query_string") or b""
+        target = scope.get("path", "") + (f"?{query.decode()}" if query else "")
+        try:
+            host, authorization = headers.get(b"host", ""), headers.get(b"authorization")
+            verifier.check(scope["method"], host, target, body, authorization)
+        except management.Unauthorized as exc:
+            challenge = [(b"www-authenticate", management.SCHEME.encode())]
+            await _send_json(send, 401, openai_error(f"Unauthorized: {exc}", 401, "Unauthorized"), challenge)
+            return
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if sent:
+                return await receive()  # the client's disconnect, when it goes
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self._forward(scope, replay, send, management=True)
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, management: bool = False) -> None:
+        """To vLLM's app, or to the management API's."""
         state = self.state
         deadline = state.drain_deadline  # set when the drain begins
         if deadline is not None and time.monotonic() >= deadline:
@@ -214,7 +257,7 @@ class PagodaApp:
                 )
                 await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_DRAINING.encode())])
             return
-        inner = state.inner
+        inner = state.management if management else state.inner
         if inner is None:
             if scope["type"] == "http":
                 body = openai_error("The model is loading; retry shortly.", 503, "ServiceUnavailable")
@@ -267,6 +310,22 @@ class _Awaiting:
         if self.counted:
             self.counted = False
             self.state.awaiting_engine -= 1
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | None:
+    """The whole request body, or None when it passes `limit` bytes."""
+    chunks, size, more = [], 0, True
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        more = bool(message.get("more_body"))
+    return b"".join(chunks)
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -14,11 +14,14 @@ be reached is retried after `retry_after` seconds, doubling up to `max_retry_aft
 retried after `failed_retry_after` seconds (the runtime keeps the Failed entry until then). A PUT or DELETE
 that times out goes on in the runtime: the adapter counts as Loading (or Unloading) and the next pass looks.
 While any adapter is not Ready the caller requeues after `requeue_after`.
+
+Every call is signed with the operator's management key (runtime/management.py): the runtime answers no
+one else. The inference API's key (spec.runtime.apiKeySecret) is not used, so the operator reads no Secret
+of the user's to load adapters.
 """
 
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import time
@@ -27,32 +30,28 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-from pagoda.operator.api import InferenceServiceSpec, SecretKeyRef
-from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
 from pagoda.runtime.contract import ADAPTERS_PATH, HTTP_PORT
+from pagoda.runtime.management import Signer
 
 Obj = dict[str, Any]
-# (method, url, JSON body or None, API key or None, timeout) -> (HTTP status, JSON body); raises OSError when
-# the pod cannot be reached or does not answer in time.
-Request = Callable[[str, str, Obj | None, str | None, float], tuple[int, Obj]]
+# (method, url, body or None, headers, timeout) -> (HTTP status, JSON body); raises OSError when the pod
+# cannot be reached or does not answer in time.
+Request = Callable[[str, str, bytes | None, dict[str, str], float], tuple[int, Obj]]
 MESSAGE_MAX = 1024
 # What a call to a pod can raise: unreachable, timed out, a connection closed mid-answer, bad JSON.
 CALL_FAILED = (OSError, ValueError, http.client.HTTPException)
-KEY_RETRY_AFTER = 60.0  # another look at a Secret the operator could not read
 # What the spec asks of one adapter: its source URI and hub revision (None: the default branch).
 Want = tuple[str, str | None]
 
 
 def http_request(
-    method: str, url: str, body: Obj | None, api_key: str | None, timeout: float
+    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
 ) -> tuple[int, Obj]:
-    headers = {"content-type": "application/json"}
-    if api_key:
-        headers["authorization"] = f"Bearer {api_key}"
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers, method=method)  # noqa: S310 (pod IP)
+    request = urllib.request.Request(url, data=body, headers=headers, method=method)  # noqa: S310 (pod IP)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
             return response.status, _json(response.read())
@@ -103,6 +102,7 @@ class AdapterSync:
 
     def __init__(
         self,
+        signer: Signer,
         request: Request = http_request,
         *,
         port: int = HTTP_PORT,
@@ -118,7 +118,7 @@ class AdapterSync:
         remembered: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._request, self._port = request, port
+        self._signer, self._request, self._port = signer, request, port
         self._timeout, self._load_timeout, self._budget = timeout, load_timeout, budget
         self._per_pass, self._recheck_after = per_pass, recheck_after
         self._retry_after, self._max_retry_after = retry_after, max_retry_after
@@ -126,23 +126,27 @@ class AdapterSync:
         self._clock = clock
         self._views: PodMemo[PodView] = PodMemo(remembered)
 
-    def sync(
-        self, kube: Kube | None, namespace: str, spec: InferenceServiceSpec, pods: list[Obj]
-    ) -> AdapterReport:
-        """Bring the Ready pods of a service in `namespace` in step with its spec.lora, and report."""
+    def sync(self, spec: InferenceServiceSpec, pods: list[Obj]) -> AdapterReport:
+        """Bring the Ready pods of a service in step with its spec.lora, and report."""
         if spec.lora is None:
             return AdapterReport({})
         desired = {adapter.name: (adapter.uri, adapter.revision) for adapter in spec.lora.adapters}
         ready = [pod for pod in pods if pod_ready(pod) and (pod.get("status") or {}).get("podIP")]
         ready.sort(key=lambda pod: str((pod.get("metadata") or {}).get("name") or ""))  # a stable status
-        api_key, key_problem = None, None
-        if spec.runtime.api_key_secret is not None and desired:
-            api_key, key_problem = read_api_key(kube, namespace, spec.runtime.api_key_secret)
-        if key_problem is None:
-            self._sync_pods(ready, desired, api_key)
-        return self._report(ready, desired, key_problem)
+        self._sync_pods(ready, desired)
+        return self._report(ready, desired)
 
-    def _sync_pods(self, pods: list[Obj], desired: dict[str, Want], api_key: str | None) -> None:
+    def _call(self, method: str, url: str, body: Obj | None, timeout: float) -> tuple[int, Obj]:
+        """One signed call to a pod's management API."""
+        data = json.dumps(body).encode() if body is not None else None
+        parts = urlsplit(url)
+        headers = {
+            "content-type": "application/json",
+            "authorization": self._signer.authorization(method, parts.netloc, parts.path, data or b""),
+        }
+        return self._request(method, url, data, headers, timeout)
+
+    def _sync_pods(self, pods: list[Obj], desired: dict[str, Want]) -> None:
         deadline, asked = self._clock() + self._budget, 0
         for pod in pods:
             key = view_key(pod)
@@ -153,7 +157,7 @@ class AdapterSync:
             if asked >= self._per_pass or now >= deadline:
                 break
             asked += 1
-            self._views.put(key, self._sync_pod(str(pod["status"]["podIP"]), view, desired, api_key))
+            self._views.put(key, self._sync_pod(str(pod["status"]["podIP"]), view, desired))
 
     def _due(self, view: PodView, desired: dict[str, Want], now: float) -> bool:
         if view.checked_at is None:
@@ -163,10 +167,10 @@ class AdapterSync:
         at = self._next_look(view, desired)
         return now >= (at if at is not None else view.checked_at + self._recheck_after)
 
-    def _sync_pod(self, ip: str, view: PodView, desired: dict[str, Want], api_key: str | None) -> PodView:
+    def _sync_pod(self, ip: str, view: PodView, desired: dict[str, Want]) -> PodView:
         base = f"http://{f'[{ip}]' if ':' in ip else ip}:{self._port}{ADAPTERS_PATH}"
         try:
-            status, body = self._request("GET", base, None, api_key, self._timeout)
+            status, body = self._call("GET", base, None, self._timeout)
         except CALL_FAILED as exc:
             return self._unreachable(view, "ReplicaUnreachable", f"GET {ADAPTERS_PATH}: {exc}")
         if status != 200:
@@ -178,7 +182,7 @@ class AdapterSync:
             if name in desired or entry.get("state") == "Unloading":
                 continue
             try:
-                status, body = self._request("DELETE", f"{base}/{name}", None, api_key, self._load_timeout)
+                status, body = self._call("DELETE", f"{base}/{name}", None, self._load_timeout)
             except CALL_FAILED:
                 entries[name] = {**entry, "state": "Unloading"}  # it drains on; the next pass looks
                 continue
@@ -201,7 +205,7 @@ class AdapterSync:
             put: Obj = {"source": source} | ({"revision": revision} if revision is not None else {})
             ask = {"name": name, **put}
             try:
-                status, body = self._request("PUT", f"{base}/{name}", put, api_key, self._load_timeout)
+                status, body = self._call("PUT", f"{base}/{name}", put, self._load_timeout)
             except CALL_FAILED:
                 entries[name] = {**ask, "state": "Loading"}  # it loads on
                 continue
@@ -242,9 +246,7 @@ class AdapterSync:
             looks.append(view.checked_at + self._requeue_after)
         return min(looks) if looks else None
 
-    def _report(
-        self, pods: list[Obj], desired: dict[str, Want], key_problem: tuple[str, str] | None
-    ) -> AdapterReport:
+    def _report(self, pods: list[Obj], desired: dict[str, Want]) -> AdapterReport:
         now = self._clock()
         views = [self._views.get(view_key(pod)) or PodView(retry_at=now) for pod in pods]
         entries, ready_count = [], 0
@@ -267,15 +269,13 @@ class AdapterSync:
                 ready_count += 1
             else:
                 item["state"] = "Loading"
-                problem = key_problem or next((v.problem for v in views if v.problem), None)
+                problem = next((v.problem for v in views if v.problem), None)
                 if problem is not None:
                     item.update(reason=problem[0], message=problem[1])
                 elif not views:
                     item.update(reason="NoReadyReplicas", message="No replica is Ready to load it into")
             entries.append(item)
         status: Obj = {"adapters": entries, "adaptersReady": f"{ready_count}/{len(desired)}"}
-        if key_problem is not None:
-            return AdapterReport(status, KEY_RETRY_AFTER)
         looks = [at for at in (self._next_look(v, desired) for v in views) if at is not None]
         return AdapterReport(status, max(min(looks) - now, 1.0) if looks else None)
 
@@ -293,30 +293,6 @@ def view_key(pod: Obj) -> str:
         int(c.get("restartCount") or 0) for c in (pod.get("status") or {}).get("containerStatuses") or []
     )
     return f"{(pod.get('metadata') or {}).get('uid')}/{restarts}"
-
-
-def read_api_key(
-    kube: Kube | None, namespace: str, ref: SecretKeyRef
-) -> tuple[str | None, tuple[str, str] | None]:
-    """The runtime's API key from its Secret, or the reason it cannot be read (the operator then asks no pod:
-    every call would be refused). Needs `get` on Secrets (the chart's rbac.secretExistenceCheck)."""
-    where = f"key {ref.key} of Secret {ref.name}"
-    if kube is None:
-        return None, ("APIKeyUnreadable", f"Cannot read {where}: no API client")
-    try:
-        secret = kube.get("v1", "secrets", namespace, ref.name)
-    except KubeError as exc:
-        message = f"Cannot read {where} (HTTP {exc.status}) to call the runtimes' adapters API"
-        if exc.status == 403:
-            message += ": the operator needs `get` on Secrets (Helm value rbac.secretExistenceCheck=true)"
-        return None, ("APIKeyUnreadable", message)
-    value = ((secret or {}).get("data") or {}).get(ref.key)
-    if not value:
-        return None, ("APIKeyUnreadable", f"Cannot read {where}: it does not exist")
-    try:
-        return base64.b64decode(value).decode().strip(), None
-    except (ValueError, UnicodeDecodeError):
-        return None, ("APIKeyUnreadable", f"Cannot read {where}: not base64-encoded UTF-8")
 
 
 def failure_events(previous: Obj, status: Obj) -> list[tuple[str, str]]:

@@ -154,11 +154,15 @@ def reconcile(
     default_image: str = DEFAULT_RUNTIME_IMAGE,
     capacity: CapacityReader | None = None,
     adapters: AdapterSync | None = None,
+    management_key: str | None = None,
 ) -> Outcome:
-    """One pass, counted in the operator's metrics. What it reads: see the module's docstring."""
+    """One pass, counted in the operator's metrics. What it reads: see the module's docstring.
+    `management_key`: the operator's public key for the pods (resources/management.py)."""
     started = time.monotonic()
     try:
-        outcome = _reconcile(kube, namespace, name, now, cache, default_image, capacity, adapters)
+        outcome = _reconcile(
+            kube, namespace, name, now, cache, default_image, capacity, adapters, management_key
+        )
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason="Exception").inc()
@@ -181,6 +185,7 @@ def _reconcile(
     default_image: str,
     capacity: CapacityReader | None = None,
     adapters: AdapterSync | None = None,
+    management_key: str | None = None,
 ) -> Outcome:
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -195,7 +200,7 @@ def _reconcile(
     schedule = spec.restart_schedule if spec is not None else None
     restart = restarts.plan(schedule, live.get(("Deployment", name)), now())
     desired = (
-        desired_state(owner, spec, namespace, name, default_image, restart, chat_template)
+        desired_state(owner, spec, namespace, name, default_image, restart, chat_template, management_key)
         if spec is not None
         else None
     )
@@ -209,9 +214,7 @@ def _reconcile(
             if restarted is not None:
                 log.info("Started scheduled restart name=%s namespace=%s", name, namespace)
                 p.event("Normal", "ScheduledRestart", restarted)
-            p.adapters = (
-                adapters.sync(kube, namespace, spec, p.pods) if spec is not None and adapters else None
-            )
+            p.adapters = adapters.sync(spec, p.pods) if spec is not None and adapters else None
         # The restart schedule as it stands after this pass's writes: its status, and when to look again
         # (an invalid spec applies nothing, so it restarts nothing: its last restart status is kept).
         if spec is not None:
@@ -257,12 +260,14 @@ def desired_state(
     default_image: str,
     restart: restarts.RestartPlan | None = None,
     chat_template: str | None = None,
+    management_key: str | None = None,
 ) -> list[Obj]:
     """The children the spec asks for, with owner references. Anything a builder raises is a bug (the spec
     was validated), and propagates: the work queue logs it with its traceback and retries with back-off.
-    `chat_template`: the template read from spec.engine.chatTemplate.configMap (chattemplate.py)."""
+    `chat_template`: the template read from spec.engine.chatTemplate.configMap (chattemplate.py);
+    `management_key`: the operator's public key for the pods (resources/management.py)."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
-    children = desired_children(name, namespace, spec, default_image, stamps, chat_template)
+    children = desired_children(name, namespace, spec, default_image, stamps, chat_template, management_key)
     return [with_owner(manifest, owner) for manifest in children]
 
 

@@ -8,6 +8,7 @@ from pagoda.operator.api import InferenceServiceSpec
 
 from .chattemplate import chat_template_config_map, chat_template_text
 from .deployment import NO_RESTART, RestartStamps, deployment
+from .management import management_config_map
 from .meta import labels, selector, selector_string, service_url
 from .pdb import pod_disruption_budget
 from .pod import DEFAULT_RUNTIME_IMAGE
@@ -40,6 +41,7 @@ def desired_children(
     default_image: str = DEFAULT_RUNTIME_IMAGE,
     stamps: RestartStamps = NO_RESTART,
     chat_template: str | None = None,
+    management_key: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
@@ -49,13 +51,18 @@ def desired_children(
     CHILD_KINDS that is missing here is one the controller should delete. `stamps`: the
     scheduled-restart annotations of the Deployment (see `RestartStamps`). `chat_template`: the template the
     operator read from the ConfigMap spec.engine.chatTemplate.configMap names (an inline one is in the spec).
+    `management_key`: the operator's public key (PEM), in a ConfigMap before the Deployment whose pods mount
+    it (resources/management.py); the operator always gives it, and without it the pods' management API
+    (the adapters) is off.
     """
     template = chat_template_text(spec, chat_template)
     children: list[dict[str, Any]] = []
     if template is not None:
         children.append(chat_template_config_map(name, namespace, template))
+    if management_key is not None:
+        children.append(management_config_map(name, namespace, management_key))
     children += [
-        deployment(name, namespace, spec, default_image, stamps, chat_template),
+        deployment(name, namespace, spec, default_image, stamps, chat_template, management_key is not None),
         service(name, namespace, spec),
         pod_disruption_budget(name, namespace, spec),
     ]

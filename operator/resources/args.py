@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.runtime.contract import CACHE_DIR, HTTP_PORT
+from pagoda.runtime.contract import CACHE_DIR, HTTP_PORT, MANAGEMENT_PUBLIC_KEY_PATH
 
 from .chattemplate import CHAT_TEMPLATE_PATH
 
 COMMAND = ["pagoda-runtime"]
 
 
-def runtime_args(spec: InferenceServiceSpec) -> list[str]:
-    """`serve ...` arguments for `pagoda-runtime`; extraArgs go after `--` verbatim."""
+def runtime_args(spec: InferenceServiceSpec, management: bool = False) -> list[str]:
+    """`serve ...` arguments for `pagoda-runtime`; extraArgs go after `--` verbatim. `management`: the pod
+    mounts the operator's public key (resources/management.py)."""
     engine = spec.engine
     args = ["serve", "--model", spec.model.uri]
     if spec.model.served_name:
@@ -37,6 +38,8 @@ def runtime_args(spec: InferenceServiceSpec) -> list[str]:
             args += ["--max-cpu-loras", str(spec.lora.max_cpu_loras)]
     args += ["--drain-timeout", str(spec.runtime.drain_timeout_seconds), "--cache-dir", CACHE_DIR]
     args += ["--stall-timeout", str(spec.runtime.stall_timeout_seconds)]
+    if management:
+        args += ["--management-public-key-file", MANAGEMENT_PUBLIC_KEY_PATH]
     if engine.extra_args:
         args += ["--", *engine.extra_args]
     return args

@@ -33,10 +33,11 @@ def deployment(
     default_image: str = DEFAULT_RUNTIME_IMAGE,
     stamps: RestartStamps = NO_RESTART,
     chat_template: str | None = None,
+    management: bool = False,
 ) -> dict[str, Any]:
     """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field.
-    `chat_template`: the template read from spec.engine.chatTemplate.configMap (see pod_template)."""
-    template = pod_template(name, spec, default_image, chat_template)
+    `chat_template`, `management`: see pod_template."""
+    template = pod_template(name, spec, default_image, chat_template, management)
     if stamps.restarted_at is not None:
         annotations = template["metadata"].setdefault("annotations", {})
         annotations[RESTARTED_AT_ANNOTATION] = stamps.restarted_at

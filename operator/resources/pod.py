@@ -21,6 +21,7 @@ from .chattemplate import (
     chat_template_text,
     chat_template_volume,
 )
+from .management import management_mount, management_volume
 from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, content_hash, labels
 from .quantity import canonical
 
@@ -47,10 +48,15 @@ STARTUP_PERIOD_SECONDS = 10
 
 
 def pod_template(
-    name: str, spec: InferenceServiceSpec, default_image: str, chat_template: str | None = None
+    name: str,
+    spec: InferenceServiceSpec,
+    default_image: str,
+    chat_template: str | None = None,
+    management: bool = False,
 ) -> dict[str, Any]:
     """`chat_template`: the template read from the ConfigMap spec.engine.chatTemplate.configMap names (an
-    inline one is in the spec)."""
+    inline one is in the spec). `management`: mount the operator's public key (resources/management.py),
+    without which the runtime's management API answers 403."""
     pod: dict[str, Any] = {
         "enableServiceLinks": False,  # a Service named vllm would inject VLLM_PORT, which vLLM misreads
         # The runtime never calls the Kubernetes API: a token in the pod would only be something to steal.
@@ -63,8 +69,8 @@ def pod_template(
             "fsGroup": RUN_AS_USER,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "containers": [container(spec, default_image)],
-        "volumes": volumes(name, spec),
+        "containers": [container(spec, default_image, management)],
+        "volumes": volumes(name, spec, management),
         "tolerations": tolerations(spec),
     }
     node_selector = dict(spec.scheduling.node_selector)
@@ -88,13 +94,13 @@ def termination_grace_seconds(spec: InferenceServiceSpec) -> int:
     return PRESTOP_SLEEP_SECONDS + spec.runtime.drain_timeout_seconds + GRACE_MARGIN_SECONDS
 
 
-def container(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
+def container(spec: InferenceServiceSpec, default_image: str, management: bool = False) -> dict[str, Any]:
     runtime = spec.runtime
     result: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": runtime.image or default_image,
         "command": list(COMMAND),
-        "args": runtime_args(spec),
+        "args": runtime_args(spec, management),
         "ports": [{"name": PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "resources": resources(spec),
         "startupProbe": _probe("/readyz", STARTUP_PERIOD_SECONDS, _startup_failures(spec), 5),
@@ -108,7 +114,7 @@ def container(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
             "readOnlyRootFilesystem": True,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
-        "volumeMounts": volume_mounts(spec),
+        "volumeMounts": volume_mounts(spec, management),
         # The runtime writes `<Reason>: <message>` there when it cannot start; else the log's tail is used.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -169,7 +175,7 @@ def tolerations(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
     return result
 
 
-def volume_mounts(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+def volume_mounts(spec: InferenceServiceSpec, management: bool = False) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "model-cache", "mountPath": CACHE_DIR},
@@ -181,6 +187,8 @@ def volume_mounts(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
         mounts.append({"name": volume, "mountPath": f"{MODELS_DIR}/{adapter_claim}", "readOnly": True})
     if spec.engine.chat_template is not None:
         mounts.append(chat_template_mount())
+    if management:
+        mounts.append(management_mount())
     return mounts
 
 
@@ -193,7 +201,7 @@ def adapter_claims(spec: InferenceServiceSpec) -> list[tuple[str, str]]:
     return [(f"adapter-source-{i}", claim) for i, claim in enumerate(claims)]
 
 
-def volumes(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+def volumes(name: str, spec: InferenceServiceSpec, management: bool = False) -> list[dict[str, Any]]:
     shm: dict[str, Any] = {"medium": "Memory"}
     if spec.resources.shared_memory_size is not None:
         shm["sizeLimit"] = canonical(spec.resources.shared_memory_size)
@@ -209,6 +217,8 @@ def volumes(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
         )
     if spec.engine.chat_template is not None:
         result.append(chat_template_volume(name))
+    if management:
+        result.append(management_volume(name))
     return result
 
 

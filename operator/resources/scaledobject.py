@@ -1,5 +1,12 @@
 """The KEDA ScaledObject: scale the Deployment on this service's in-flight requests or queue depth (and
-KV-cache usage)."""
+KV-cache usage).
+
+When the metrics vanish (Prometheus down, or the pods' scrape failing, so that a query answers nothing)
+the service keeps its replicas: each Prometheus trigger counts an empty answer as a failure
+(`ignoreNullValues: "false"`; KEDA's default reads it as 0, and scales to the minimum under full load), and
+after FALLBACK_FAILURES failed polls in a row KEDA's fallback holds the current replica count (at least the
+minimum) until the queries answer again.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,10 @@ from pagoda.runtime.contract import (
 
 from .meta import metadata
 from .routing import QUEUE_METRIC
+
+# Failed polls of a trigger (one per pollingInterval) before KEDA falls back to holding the replicas: a
+# scrape or two that misses is not an outage.
+FALLBACK_FAILURES = 3
 
 
 def _series(metric: str, name: str, namespace: str) -> str:
@@ -54,6 +65,7 @@ def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec) -> di
             "serverAddress": autoscaling.prometheus_address,
             "query": (in_flight_query if in_flight else queue_depth_query)(name, namespace),
             "threshold": str(autoscaling.target_per_replica),
+            "ignoreNullValues": "false",
         },
     }
 
@@ -76,6 +88,7 @@ def scaled_object(
                     "threshold": str(autoscaling.target_per_replica),
                     # Active (0 -> 1) as soon as one request waits; KEDA's default activation is "> 0".
                     "activationThreshold": "0",
+                    "ignoreNullValues": "false",
                 },
             }
         )
@@ -89,6 +102,7 @@ def scaled_object(
                     "serverAddress": autoscaling.prometheus_address,
                     "query": kv_cache_query(name, namespace),
                     "threshold": repr(float(autoscaling.kv_cache_usage.target_ratio)),
+                    "ignoreNullValues": "false",
                 },
             }
         )
@@ -104,6 +118,14 @@ def scaled_object(
             "horizontalPodAutoscalerConfig": {
                 "behavior": {"scaleDown": {"stabilizationWindowSeconds": autoscaling.cooldown_period}}
             }
+        },
+        # Metrics gone: hold the current replicas (KEDA's currentReplicasIfHigher: the current count, or
+        # the minimum if that is higher), never the scale-in an empty answer would cause. At least 1: with
+        # fallback replicas 0 KEDA would scale a minReplicas-0 service to zero while its triggers fail.
+        "fallback": {
+            "failureThreshold": FALLBACK_FAILURES,
+            "replicas": max(autoscaling.min_replicas, 1),
+            "behavior": "currentReplicasIfHigher",
         },
         "triggers": triggers,
     }

@@ -7,10 +7,13 @@ from pathlib import Path
 from e2e import processes
 from e2e.processes import wait_until
 
-__all__ = ["REPO", "RESYNC_SECONDS", "OperatorProcess", "wait_until"]
+__all__ = ["MANAGEMENT_KEY_SECRET", "REPO", "RESYNC_SECONDS", "OperatorProcess", "wait_until"]
 
 REPO = Path(__file__).resolve().parents[2]
 RESYNC_SECONDS = 5
+# Where the operator keeps its management key, as the chart has it in the release's namespace: every start
+# of the operator signs with the same key (operator/reconcile/management.py).
+MANAGEMENT_KEY_SECRET = ("default", "pagoda-management-key")
 
 
 class OperatorProcess(processes.OperatorProcess):
@@ -21,7 +24,12 @@ class OperatorProcess(processes.OperatorProcess):
         self, kubeconfig: Path, workdir: Path, resync_seconds: float = RESYNC_SECONDS, workers: int = 4
     ) -> None:
         super().__init__(
-            kubeconfig, workdir / "operator-0.log", resync_seconds=resync_seconds, workers=workers, cwd=REPO
+            kubeconfig,
+            workdir / "operator-0.log",
+            resync_seconds=resync_seconds,
+            workers=workers,
+            cwd=REPO,
+            management_key_secret="/".join(MANAGEMENT_KEY_SECRET),
         )
         self.workdir = workdir
         self.starts = 0

@@ -109,7 +109,9 @@ def test_restart_resumes_without_writes(
         "the existing object re-checked",
     )
     # The fresh process wrote only for the object created while it was down.
-    for kind in ("Deployment", "Service", "PodDisruptionBudget"):
+    # The ConfigMap counts only the new object's management key: the restarted operator signs with the key
+    # it stored, so "before" keeps its public key.
+    for kind in ("Deployment", "Service", "PodDisruptionBudget", "ConfigMap"):
         assert operator.total("pagoda_operator_api_writes_total", kind=kind, verb="apply") == 1, kind
     assert raw.get("apps/v1", "deployments", namespace, "before") is not None
 

@@ -1,7 +1,8 @@
 """Tier 3: LoRA adapters on the real vLLM engine (CPU) and the tiny model, with tiny random adapters made
 locally: one served from the start, others loaded, replaced and unloaded at run time through
-/v1/pagoda/adapters, bad ones refused with a clear error while the others keep serving, per-adapter metrics.
-One engine start for the module."""
+/v1/pagoda/adapters (every call signed with a management key, as the operator signs them; unsigned ones
+refused), bad ones refused with a clear error while the others keep serving, per-adapter metrics. One engine
+start for the module."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ import pytest
 from harness import ENGINE_FLAGS, RuntimeProcess, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
+from pagoda.runtime import management
 from pagoda.runtime.tinyadapter import TinyAdapterSpec, make_tiny_adapter
 
 pytestmark = pytest.mark.runtime
 ADAPTERS = "/v1/pagoda/adapters"
 PROMPT = "def main():"
+OPERATOR = management.Signer(management.new_private_key())  # stands in for the operator's key
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +50,11 @@ def server(
 ) -> Iterator[RuntimeProcess]:
     lora = ["--lora", f"first=file://{adapters.first}", "--lora", "broken=file:///nonexistent/adapter"]
     limits = ["--max-loras", "2", "--max-lora-rank", "8", "--max-cpu-loras", "3"]
+    workdir = tmp_path_factory.mktemp("serve-lora")
+    (workdir / "public-key.pem").write_text(OPERATOR.public_pem)
+    key = ["--management-public-key-file", str(workdir / "public-key.pem")]
     runtime = RuntimeProcess(
-        model=f"file://{tiny_model}",
-        workdir=tmp_path_factory.mktemp("serve-lora"),
-        flags=[*ENGINE_FLAGS, *lora, *limits],
+        model=f"file://{tiny_model}", workdir=workdir, flags=[*ENGINE_FLAGS, *lora, *limits, *key]
     )
     runtime.start()
     try:
@@ -69,16 +73,29 @@ def greedy(server: RuntimeProcess, model: str) -> str:
     return reply.choices[0].text
 
 
+def signed(
+    server: RuntimeProcess, method: str, path: str, body: dict[str, Any] | None = None
+) -> httpx.Response:
+    """A management call signed as the operator signs it."""
+    data = json.dumps(body).encode() if body is not None else b""
+    host = server.url.split("//", 1)[1]
+    headers = {
+        "authorization": OPERATOR.authorization(method, host, path, data),
+        "content-type": "application/json",
+    }
+    return httpx.request(method, server.url + path, content=data or None, headers=headers, timeout=120)
+
+
 def put(server: RuntimeProcess, name: str, source: str) -> httpx.Response:
-    return httpx.put(f"{server.url}{ADAPTERS}/{name}", json={"source": source}, timeout=120)
+    return signed(server, "PUT", f"{ADAPTERS}/{name}", {"source": source})
 
 
 def delete(server: RuntimeProcess, name: str) -> httpx.Response:
-    return httpx.delete(f"{server.url}{ADAPTERS}/{name}", timeout=120)
+    return signed(server, "DELETE", f"{ADAPTERS}/{name}")
 
 
 def listed(server: RuntimeProcess) -> dict[str, dict[str, Any]]:
-    return {a["name"]: a for a in server.get(ADAPTERS).json()["adapters"]}
+    return {a["name"]: a for a in signed(server, "GET", ADAPTERS).json()["adapters"]}
 
 
 def models(server: RuntimeProcess) -> dict[str, dict[str, Any]]:
@@ -91,7 +108,7 @@ def test_start_adapters_are_served_and_listed_with_the_base_as_parent(
     served = models(server)
     assert list(served) == ["tiny", "first"]
     assert served["first"]["parent"] == "tiny" and served["tiny"]["parent"] is None
-    state = server.get(ADAPTERS).json()
+    state = signed(server, "GET", ADAPTERS).json()
     assert (state["enabled"], state["maxAdapters"], state["maxRank"]) == (True, 3, 8)
     first, broken = state["adapters"][1], state["adapters"][0]
     assert (first["name"], first["state"], first["rank"]) == ("first", "Loaded", 8)
@@ -133,6 +150,38 @@ def test_load_serve_and_unload_at_run_time(server: RuntimeProcess, adapters: Sim
     assert caught.value.status_code == 404 and "second" in caught.value.message
     assert "second" not in models(server) and "second" not in listed(server)
     assert delete(server, "second").json()["error"]["type"] == "AdapterNotFound"
+
+
+def test_the_management_api_answers_only_the_operators_signature(
+    server: RuntimeProcess, adapters: SimpleNamespace
+) -> None:
+    """Whoever reaches the pod without the operator's key can neither list, load nor unload adapters; the
+    inference API is not affected."""
+    source = {"source": f"file://{adapters.second}"}
+    unsigned = [
+        httpx.get(server.url + ADAPTERS, timeout=30),
+        httpx.put(f"{server.url}{ADAPTERS}/intruder", json=source, timeout=30),
+        httpx.delete(f"{server.url}{ADAPTERS}/first", timeout=30),
+    ]
+    assert [r.status_code for r in unsigned] == [401, 401, 401], [r.text for r in unsigned]
+    assert unsigned[0].headers["www-authenticate"] == management.SCHEME
+    stranger = management.Signer(management.new_private_key())
+    host = server.url.split("//", 1)[1]
+    body = json.dumps(source).encode()
+    forged = httpx.put(
+        f"{server.url}{ADAPTERS}/intruder",
+        content=body,
+        headers={"authorization": stranger.authorization("PUT", host, f"{ADAPTERS}/intruder", body)},
+        timeout=30,
+    )
+    assert forged.status_code == 401 and "does not verify" in forged.json()["error"]["message"]
+    # A signed call replayed (captured on the network) is refused too.
+    header = OPERATOR.authorization("GET", host, ADAPTERS, b"")
+    first = httpx.get(server.url + ADAPTERS, headers={"authorization": header}, timeout=30)
+    replayed = httpx.get(server.url + ADAPTERS, headers={"authorization": header}, timeout=30)
+    assert (first.status_code, replayed.status_code) == (200, 401)
+    assert "intruder" not in listed(server) and listed(server)["first"]["state"] == "Loaded"
+    assert "first" in models(server)
 
 
 def test_unload_drains_the_adapters_requests_and_refuses_new_ones(

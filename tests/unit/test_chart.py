@@ -123,7 +123,31 @@ def test_rbac_has_no_wildcards(scenario: tuple[Path, list[dict[str, Any]]]) -> N
         for rule in role["rules"]:
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: wildcard in {field}"
-            assert "nonResourceURLs" not in rule and "resourceNames" not in rule
+            assert "nonResourceURLs" not in rule
+            if role["metadata"]["name"] != "pagoda-management-key":
+                assert "resourceNames" not in rule
+
+
+def test_the_operator_reads_only_its_own_management_key(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
+    """Its one Secret, in the release's namespace: `get` by name, `create` (RBAC cannot name what does not
+    exist yet) for the first replica that finds none (operator/reconcile/management.py)."""
+    _, docs = scenario
+    (role,) = find(docs, "Role", "pagoda-management-key")
+    assert role["metadata"]["namespace"] == "pagoda-system"
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["pagoda-management-key"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    (binding,) = find(docs, "RoleBinding", "pagoda-management-key")
+    account = only(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "pagoda-system"}]
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--management-key-secret=pagoda-system/pagoda-management-key" in args
 
 
 def grants(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], set[str]]:
@@ -169,8 +193,8 @@ def test_secret_check_is_opt_in() -> None:
 
 def test_namespaced_scenario_writes_only_in_its_namespace() -> None:
     docs = render("-f", str(CHART / "ci" / "namespaced-values.yaml"))
-    role = only(docs, "Role")
-    binding = only(docs, "RoleBinding")
+    (role,) = find(docs, "Role", "pagoda-operator")
+    (binding,) = find(docs, "RoleBinding", "pagoda-operator")
     assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == "pagoda-tenant-a"
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pagoda", "namespace": "pagoda-system"}]
     cluster_wide = grants(docs, "ClusterRole")
@@ -188,7 +212,10 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
     (container,) = pod["containers"]
     assert container["image"] == f"ghcr.io/pagoda-dev/pagoda-operator:{CHART_META['appVersion']}"
     assert container["command"] == ["pagoda-operator"]
-    assert container["args"] == ["--metrics-port=8080"]
+    assert container["args"] == [
+        "--metrics-port=8080",
+        "--management-key-secret=pagoda-system/pagoda-management-key",
+    ]
     assert "resources" not in container, "no default resource requests or limits for the operator"
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}

@@ -27,6 +27,8 @@ TEXTS = (
     contract.TERMINATION_MESSAGE_ENV,
     contract.ADAPTERS_PATH,
     contract.CAPACITY_PATH,
+    contract.MANAGEMENT_KEY_DIR,
+    contract.MANAGEMENT_PUBLIC_KEY_PATH,
     contract.QUEUE_DEPTH_METRIC,
     contract.RUNNING_REQUESTS_METRIC,
     contract.KV_CACHE_USAGE_METRIC,

@@ -18,12 +18,14 @@ from pydantic import ValidationError
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api import rules as r
 from pagoda.operator.reconcile.adapters import AdapterSync
-from pagoda.runtime.adapters import AdapterManager, attach_routes
+from pagoda.runtime.adapters import AdapterManager, management_app
+from pagoda.runtime.management import Signer, new_private_key
 from pagoda.runtime.tinyadapter import make_tiny_adapter
 
 Obj = dict[str, Any]
 HF = "hf://example-org/sql-lora"
 IP = "10.244.0.2"
+SIGNER = Signer(new_private_key())  # the operator's key (the runtime here does not check it)
 
 
 def _object(spec: Obj) -> Obj:
@@ -85,9 +87,10 @@ class RecordingRuntime:
         self.puts: list[Obj] = []
 
     def __call__(
-        self, method: str, url: str, body: Obj | None, key: str | None, timeout: float
+        self, method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float
     ) -> tuple[int, Obj]:
         name = url.split("/v1/pagoda/adapters", 1)[1].lstrip("/")
+        body = json.loads(data) if data else None
         if method == "GET":
             return 200, {"enabled": True, "adapters": list(self.adapters.values())}
         if method == "DELETE":
@@ -119,36 +122,32 @@ def _pod() -> Obj:
 
 def test_the_operator_sends_the_revision_and_a_new_revision_replaces_the_adapter() -> None:
     runtime = RecordingRuntime()
-    sync = AdapterSync(runtime)
+    sync = AdapterSync(SIGNER, runtime)
     pinned = {"name": "sql", "uri": HF, "revision": "v1"}
-    report = sync.sync(
-        None, "ns", spec_of(_owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}])), [_pod()]
-    )
+    report = sync.sync(spec_of(_owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}])), [_pod()])
     assert report is not None and report.status["adaptersReady"] == "2/2"
     assert runtime.puts == [{"source": HF, "revision": "v1"}, {"source": "file:///adapters/chat"}]
 
     runtime.puts.clear()  # the same spec again: in step, nothing is sent
-    sync.sync(
-        None, "ns", spec_of(_owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}])), [_pod()]
-    )
+    sync.sync(spec_of(_owner([pinned, {"name": "chat", "uri": "file:///adapters/chat"}])), [_pod()])
     assert runtime.puts == []
 
-    report = sync.sync(None, "ns", spec_of(_owner([{**pinned, "revision": "v2"}])), [_pod()])
+    report = sync.sync(spec_of(_owner([{**pinned, "revision": "v2"}])), [_pod()])
     assert runtime.puts == [{"source": HF, "revision": "v2"}]
     assert report is not None and report.status["adapters"] == [
         {"name": "sql", "readyReplicas": 1, "replicas": 1, "state": "Ready"}
     ]
 
     runtime.puts.clear()  # dropping the revision goes back to the default branch: another replacement
-    sync.sync(None, "ns", spec_of(_owner([{"name": "sql", "uri": HF}])), [_pod()])
+    sync.sync(spec_of(_owner([{"name": "sql", "uri": HF}])), [_pod()])
     assert runtime.puts == [{"source": HF}]
 
 
 def test_an_adapter_loaded_at_another_revision_is_not_counted_as_serving() -> None:
     runtime = RecordingRuntime()
     runtime.adapters["sql"] = {"name": "sql", "source": HF, "revision": "v1", "state": "Loaded"}
-    sync = AdapterSync(lambda m, u, b, k, t: (503, {}) if m == "PUT" else runtime(m, u, b, k, t))
-    report = sync.sync(None, "ns", spec_of(_owner([{"name": "sql", "uri": HF, "revision": "v2"}])), [_pod()])
+    sync = AdapterSync(SIGNER, lambda m, u, b, h, t: (503, {}) if m == "PUT" else runtime(m, u, b, h, t))
+    report = sync.sync(spec_of(_owner([{"name": "sql", "uri": HF, "revision": "v2"}])), [_pod()])
     assert report is not None
     assert report.status["adapters"][0]["readyReplicas"] == 0
     assert report.status["adapters"][0]["state"] == "Failed"
@@ -167,7 +166,6 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     revision and answers a tiny adapter's directory (per revision, so that two revisions differ). The fake
     module stands in for huggingface_hub, which is not imported: it reads HF_HUB_OFFLINE once, at import,
     and other tests set it first."""
-    from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
     base = tmp_path / "base"
@@ -211,9 +209,10 @@ def runtime(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
     models = SimpleNamespace(lora_requests={}, lora_id_counter=SimpleNamespace(inc=inc))
     manager = AdapterManager("tiny", str(tmp_path / "cache"), drain_timeout=1, enabled=True)
     manager.attach(engine, models, base)
-    app = Starlette()
-    attach_routes(app, manager)
-    return SimpleNamespace(client=TestClient(app), downloads=downloads, engine=engine, models=models)
+    # The adapters app alone: the signature check in front of it is tests/unit/test_runtime_management.py's.
+    return SimpleNamespace(
+        client=TestClient(management_app(manager)), downloads=downloads, engine=engine, models=models
+    )
 
 
 def test_the_runtime_downloads_the_revision_and_a_new_revision_replaces_the_adapter(

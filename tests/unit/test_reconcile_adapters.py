@@ -4,10 +4,12 @@ e2e/test_lora.py)."""
 
 from __future__ import annotations
 
-import base64
 import json
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import pytest
 from fakekube import StampingWrites, owner_object
 
 from pagoda.operator.api import InferenceServiceSpec
@@ -15,8 +17,17 @@ from pagoda.operator.reconcile import core
 from pagoda.operator.reconcile.adapters import AdapterSync, failure_events
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.kube import KubeError
+from pagoda.runtime import management
 
 Obj = dict[str, Any]
+SIGNER = management.Signer(management.new_private_key())  # the operator's key
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _pods_public_key(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The pods' copy of the operator's public key (resources/management.py)."""
+    FakeAdapterRuntimes.key_file = tmp_path_factory.mktemp("management") / "public-key.pem"
+    FakeAdapterRuntimes.key_file.write_text(SIGNER.public_pem)
 
 
 class FakeAdapterRuntimes:
@@ -24,24 +35,32 @@ class FakeAdapterRuntimes:
     replacement on a new source, DELETE answers the Unloaded entry, 422/409 errors with a stable `type`.
     `ranks` maps a source to its adapter's rank (an unknown source is AdapterSourceNotFound)."""
 
+    key_file: Path
+
     def __init__(self, ips: list[str], ranks: Obj, max_rank: int = 16, max_adapters: int = 4) -> None:
         self.pods: dict[str, dict[str, Obj]] = {ip: {} for ip in ips}
         self.ranks, self.max_rank, self.max_adapters = ranks, max_rank, max_adapters
         self.unreachable: set[str] = set()
         self.slow: set[str] = set()  # PUT/DELETE time out (the work goes on)
-        self.api_key: str | None = None
+        self.verifier = management.Verifier(
+            self.key_file
+        )  # the runtime's real check of the operator's signature
         self.calls: list[tuple[str, str, str]] = []  # (method, ip, name or "")
 
     def __call__(
-        self, method: str, url: str, body: Obj | None, key: str | None, timeout: float
+        self, method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float
     ) -> tuple[int, Obj]:
         ip, path = url.split("//", 1)[1].split(":", 1)[0], url.split("/v1/pagoda/adapters", 1)[1]
         name = path.lstrip("/")
         self.calls.append((method, ip, name))
         if ip in self.unreachable:
             raise OSError("[Errno 113] No route to host")
-        if self.api_key is not None and key != self.api_key:
-            return 401, {"error": {"message": "Unauthorized", "type": "Unauthorized"}}
+        parts = urlsplit(url)
+        try:
+            self.verifier.check(method, parts.netloc, parts.path, data or b"", headers.get("authorization"))
+        except management.Unauthorized as exc:
+            return 401, _err(f"Unauthorized: {exc}", "Unauthorized")
+        body = json.loads(data) if data else None
         adapters = self.pods[ip]
         if method == "GET":
             return 200, {
@@ -136,9 +155,9 @@ class Clock:
 
 def test_every_ready_pod_gets_the_spec_adapters_and_the_status_counts_them() -> None:
     runtimes = FakeAdapterRuntimes(IPS, {SQL: 8, CHAT: 8})
-    sync = AdapterSync(runtimes)
+    sync = AdapterSync(SIGNER, runtimes)
     pods = [pod("a", IPS[0]), pod("b", IPS[1]), pod("c", "10.244.0.4", ready=False)]
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
+    report = sync.sync(spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert report is not None
     assert report.status == {
         "adapters": [
@@ -154,24 +173,24 @@ def test_every_ready_pod_gets_the_spec_adapters_and_the_status_counts_them() -> 
 
 def test_a_pod_in_step_is_not_asked_again_until_the_recheck() -> None:
     runtimes, clock = FakeAdapterRuntimes(IPS, {SQL: 8}), Clock()
-    sync = AdapterSync(runtimes, recheck_after=600.0, clock=clock)
+    sync = AdapterSync(SIGNER, runtimes, recheck_after=600.0, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+    sync.sync(spec_of(owner({"sql": SQL})), pods)
     asked = len(runtimes.calls)
     clock.now += 300
-    assert sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods).status["adaptersReady"] == "1/1"
+    assert sync.sync(spec_of(owner({"sql": SQL})), pods).status["adaptersReady"] == "1/1"
     assert len(runtimes.calls) == asked
     clock.now += 301
-    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+    sync.sync(spec_of(owner({"sql": SQL})), pods)
     assert [m for m, _ip, _n in runtimes.calls[asked:]] == ["GET", "GET"]  # a look, nothing to change
 
 
 def test_a_runtime_restarted_in_place_gets_the_adapters_again() -> None:
     runtimes = FakeAdapterRuntimes(IPS[:1], {SQL: 8})
-    sync = AdapterSync(runtimes)
-    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
+    sync = AdapterSync(SIGNER, runtimes)
+    sync.sync(spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
     runtimes.pods[IPS[0]].clear()  # the container restarted: nothing loaded at run time survives
-    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0], restarts=1)])
+    sync.sync(spec_of(owner({"sql": SQL})), [pod("a", IPS[0], restarts=1)])
     assert runtimes.loaded(IPS[0]) == {"sql": SQL}
 
 
@@ -180,11 +199,11 @@ def test_removed_adapters_are_unloaded_and_changed_ones_replaced() -> None:
         FakeAdapterRuntimes(IPS, {SQL: 8, CHAT: 8, "file:///models/adapters/sql-v2": 8}),
         Clock(),
     )
-    sync = AdapterSync(runtimes, clock=clock)
+    sync = AdapterSync(SIGNER, runtimes, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
+    sync.sync(spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     clock.now += 1
-    report = sync.sync(None, "ns", spec_of(owner({"sql": "file:///models/adapters/sql-v2"})), pods)
+    report = sync.sync(spec_of(owner({"sql": "file:///models/adapters/sql-v2"})), pods)
     assert report is not None and report.status["adaptersReady"] == "1/1"
     for ip in IPS:
         assert runtimes.loaded(ip) == {"sql": "file:///models/adapters/sql-v2"}
@@ -193,9 +212,9 @@ def test_removed_adapters_are_unloaded_and_changed_ones_replaced() -> None:
 
 def test_a_failed_load_is_reported_with_the_runtime_reason_once_and_retried_later() -> None:
     runtimes, clock = FakeAdapterRuntimes(IPS, {SQL: 8, CHAT: 64}), Clock()
-    sync = AdapterSync(runtimes, failed_retry_after=300.0, clock=clock)
+    sync = AdapterSync(SIGNER, runtimes, failed_retry_after=300.0, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
+    report = sync.sync(spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert report is not None
     chat = report.status["adapters"][1]
     assert chat["state"] == "Failed" and chat["reason"] == "AdapterRankTooLarge"
@@ -208,20 +227,20 @@ def test_a_failed_load_is_reported_with_the_runtime_reason_once_and_retried_late
     assert failure_events(report.status, report.status) == []  # once per reason change
     puts = runtimes.calls.count(("PUT", IPS[0], "chat"))
     clock.now += 10
-    again = sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
+    again = sync.sync(spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert again is not None and again.status == report.status  # a stable status: nothing to write
     assert runtimes.calls.count(("PUT", IPS[0], "chat")) == puts
     clock.now += 300
-    sync.sync(None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
+    sync.sync(spec_of(owner({"sql": SQL, "chat": CHAT})), pods)
     assert runtimes.calls.count(("PUT", IPS[0], "chat")) == puts + 1
 
 
 def test_an_unreachable_pod_is_retried_with_back_off_and_named_in_the_status() -> None:
     runtimes, clock = FakeAdapterRuntimes(IPS, {SQL: 8}), Clock()
     runtimes.unreachable.add(IPS[1])
-    sync = AdapterSync(runtimes, retry_after=10.0, max_retry_after=40.0, clock=clock)
+    sync = AdapterSync(SIGNER, runtimes, retry_after=10.0, max_retry_after=40.0, clock=clock)
     pods = [pod("a", IPS[0]), pod("b", IPS[1])]
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+    report = sync.sync(spec_of(owner({"sql": SQL})), pods)
     assert report is not None
     assert report.status["adapters"] == [
         {
@@ -236,24 +255,24 @@ def test_an_unreachable_pod_is_retried_with_back_off_and_named_in_the_status() -
     assert report.requeue_after == 10.0
     gets = [c for c in runtimes.calls if c[1] == IPS[1]]
     clock.now += 5
-    sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+    sync.sync(spec_of(owner({"sql": SQL})), pods)
     assert [c for c in runtimes.calls if c[1] == IPS[1]] == gets  # backing off
     for wait in (10.0, 20.0, 40.0, 40.0):
         clock.now += wait
-        report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+        report = sync.sync(spec_of(owner({"sql": SQL})), pods)
         assert report is not None and report.requeue_after == min(2 * wait, 40.0)
     runtimes.unreachable.clear()
     clock.now += 40
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+    report = sync.sync(spec_of(owner({"sql": SQL})), pods)
     assert report is not None and report.status["adaptersReady"] == "1/1" and report.requeue_after is None
 
 
 def test_a_pass_asks_a_bounded_number_of_pods() -> None:
     ips = [f"10.244.0.{i}" for i in range(2, 12)]
     runtimes, clock = FakeAdapterRuntimes(ips, {SQL: 8}), Clock()
-    sync = AdapterSync(runtimes, per_pass=3, clock=clock)
+    sync = AdapterSync(SIGNER, runtimes, per_pass=3, clock=clock)
     pods = [pod(str(i), ip) for i, ip in enumerate(ips)]
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+    report = sync.sync(spec_of(owner({"sql": SQL})), pods)
     assert report is not None
     assert len({ip for _m, ip, _n in runtimes.calls}) == 3
     assert (
@@ -262,7 +281,7 @@ def test_a_pass_asks_a_bounded_number_of_pods() -> None:
     assert report.requeue_after is not None and report.requeue_after <= 10.0
     for _ in range(3):
         clock.now += report.requeue_after or 0
-        report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), pods)
+        report = sync.sync(spec_of(owner({"sql": SQL})), pods)
         assert report is not None
     assert report.status["adaptersReady"] == "1/1"
 
@@ -270,19 +289,19 @@ def test_a_pass_asks_a_bounded_number_of_pods() -> None:
 def test_a_load_that_times_out_counts_as_loading_and_is_looked_at_again() -> None:
     runtimes, clock = FakeAdapterRuntimes(IPS[:1], {SQL: 8}), Clock()
     runtimes.slow.add(IPS[0])
-    sync = AdapterSync(runtimes, clock=clock)
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
+    sync = AdapterSync(SIGNER, runtimes, clock=clock)
+    report = sync.sync(spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
     assert report is not None and report.status["adapters"][0]["state"] == "Loading"
     assert report.requeue_after == 5.0
     clock.now += 5
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
+    report = sync.sync(spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
     assert report is not None and report.status["adapters"][0]["state"] == "Ready"
     assert runtimes.calls.count(("PUT", IPS[0], "sql")) == 1
 
 
 def test_no_ready_replica_and_no_lora() -> None:
-    sync = AdapterSync(FakeAdapterRuntimes([], {}))
-    report = sync.sync(None, "ns", spec_of(owner({"sql": SQL})), [])
+    sync = AdapterSync(SIGNER, FakeAdapterRuntimes([], {}))
+    report = sync.sync(spec_of(owner({"sql": SQL})), [])
     assert report is not None
     assert report.status == {
         "adapters": [
@@ -297,51 +316,34 @@ def test_no_ready_replica_and_no_lora() -> None:
         ],
         "adaptersReady": "0/1",
     }
-    assert sync.sync(None, "ns", spec_of(owner(None)), []).status == {}
+    assert sync.sync(spec_of(owner(None)), []).status == {}
 
 
-class Secrets:
-    """Answers Kube.get for Secrets from a dict, or raises a KubeError."""
-
-    def __init__(self, found: Obj | KubeError) -> None:
-        self.found = found
-
-    def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> Obj | None:
-        assert (api_version, plural, namespace) == ("v1", "secrets", "ns")
-        if isinstance(self.found, KubeError):
-            raise self.found
-        return self.found.get(name)
-
-
-def test_the_runtime_api_key_is_read_from_its_secret_and_sent() -> None:
+def test_calls_are_signed_with_the_operators_key_and_need_no_api_key() -> None:
     runtimes = FakeAdapterRuntimes(IPS[:1], {SQL: 8})
-    runtimes.api_key = "s3cret"
-    secret = {"data": {"api-key": base64.b64encode(b"s3cret\n").decode()}}
-    report = AdapterSync(runtimes).sync(
-        Secrets({"runtime-key": secret}), "ns", spec_of(owner({"sql": SQL}, api_key=True)), [pod("a", IPS[0])]
-    )  # type: ignore[arg-type]
-    assert report is not None and report.status["adaptersReady"] == "1/1"
+    # spec.runtime.apiKeySecret guards the inference API only: no Secret is read to load adapters.
+    report = AdapterSync(SIGNER, runtimes).sync(
+        spec_of(owner({"sql": SQL}, api_key=True)), [pod("a", IPS[0])]
+    )
+    assert report.status["adaptersReady"] == "1/1"
 
 
-def test_an_unreadable_api_key_asks_no_pod_and_says_why() -> None:
+def test_a_pod_that_refuses_the_signature_is_reported_unauthorized() -> None:
     runtimes = FakeAdapterRuntimes(IPS[:1], {SQL: 8})
-    forbidden = KubeError(403, "Forbidden", "secrets is forbidden")
-    report = AdapterSync(runtimes).sync(
-        Secrets(forbidden), "ns", spec_of(owner({"sql": SQL}, api_key=True)), [pod("a", IPS[0])]
-    )  # type: ignore[arg-type]
-    assert report is not None and runtimes.calls == []
+    stranger = management.Signer(management.new_private_key())  # not the key the pods hold
+    report = AdapterSync(stranger, runtimes).sync(spec_of(owner({"sql": SQL})), [pod("a", IPS[0])])
     entry = report.status["adapters"][0]
-    assert entry["state"] == "Loading" and entry["reason"] == "APIKeyUnreadable"
-    assert "rbac.secretExistenceCheck" in entry["message"]
-    assert report.requeue_after == 60.0
+    assert (entry["state"], entry["reason"]) == ("Loading", "Unauthorized")
+    assert "does not verify with the operator's public key" in entry["message"]
+    assert runtimes.loaded(IPS[0]) == {} and runtimes.calls == [("GET", IPS[0], "")]
 
 
 def test_the_status_fits_the_crd() -> None:
     from pagoda.operator.api import InferenceServiceStatus
 
     runtimes = FakeAdapterRuntimes(IPS, {SQL: 8, CHAT: 512})
-    report = AdapterSync(runtimes).sync(
-        None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), [pod("a", IPS[0])]
+    report = AdapterSync(SIGNER, runtimes).sync(
+        spec_of(owner({"sql": SQL, "chat": CHAT})), [pod("a", IPS[0])]
     )
     assert report is not None
     InferenceServiceStatus.model_validate(json.loads(json.dumps(report.status)))
@@ -391,7 +393,11 @@ def test_adding_an_adapter_changes_no_child_only_the_status() -> None:
     }
     lora: Obj = {"maxLoras": 2, "adapters": [{"name": "sql", "uri": "hf://pagoda-test/sql-lora"}]}
     owner = owner_object({**spec, "lora": lora})
-    kube, cache, sync = RecordingKube(owner), ObjectCache("InferenceService"), AdapterSync(unreachable)
+    kube, cache, sync = (
+        RecordingKube(owner),
+        ObjectCache("InferenceService"),
+        AdapterSync(SIGNER, unreachable),
+    )
     cache.observe(owner)
 
     def run() -> core.Outcome:
@@ -428,8 +434,8 @@ def test_a_fresh_operator_puts_only_what_a_pod_lacks() -> None:
             "error": "x",
         },
     }
-    report = AdapterSync(runtimes).sync(
-        None, "ns", spec_of(owner({"sql": SQL, "chat": CHAT})), [pod("a", IPS[0])]
+    report = AdapterSync(SIGNER, runtimes).sync(
+        spec_of(owner({"sql": SQL, "chat": CHAT})), [pod("a", IPS[0])]
     )
     assert report is not None and report.status["adaptersReady"] == "2/2"
     assert runtimes.calls == [("GET", IPS[0], ""), ("PUT", IPS[0], "chat")]

@@ -16,12 +16,18 @@ from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources import desired_children
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
+# An operator's public management key (resources/management.py), as every real pass has one.
+PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----
+MCowBQYDK2VwAyEABJyO8IV3NuY1l+fAUATX9e3LNKd5Jk3iZNwUdNQ3cb4=
+-----END PUBLIC KEY-----
+"""
 HEADER = "# Children of examples/{stem}.yaml. Regenerate with `make golden`; review the diff.\n"
 
 
 def render(document: dict[str, Any]) -> str:
     spec = InferenceServiceSpec.model_validate(document["spec"])
-    children = desired_children(document["metadata"]["name"], document["metadata"]["namespace"], spec)
+    meta = document["metadata"]
+    children = desired_children(meta["name"], meta["namespace"], spec, management_key=PUBLIC_KEY)
     return yaml.safe_dump_all(children, sort_keys=False, width=120)
 
 

@@ -174,6 +174,26 @@ def test_scaled_object_queries_only_this_service(llama_spec: dict[str, Any]) -> 
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] == scaled["cooldownPeriod"] == 300
 
 
+def test_vanished_metrics_hold_the_replicas_instead_of_scaling_in(llama_spec: dict[str, Any]) -> None:
+    """An empty answer (the scrape or Prometheus down) is a failure, not 0, on every trigger; KEDA's fallback
+    then keeps the current replicas (at least the minimum) until the queries answer again."""
+    llama_spec["autoscaling"]["kvCacheUsage"] = {"targetRatio": 0.8}
+    llama_spec["routing"] = {}
+    scaled = _scaled_object(llama_spec)
+    assert len(scaled["triggers"]) == 3
+    assert all(t["metadata"]["ignoreNullValues"] == "false" for t in scaled["triggers"])
+    assert scaled["fallback"] == {
+        "failureThreshold": 3,
+        "replicas": max(scaled["minReplicaCount"], 1),
+        "behavior": "currentReplicasIfHigher",
+    }
+    # KEDA accepts a fallback only with a trigger of type AverageValue (not cpu or memory).
+    assert any(t["metricType"] == "AverageValue" for t in scaled["triggers"])
+    # Scale-to-zero services too: fallback replicas 0 would let KEDA scale them to zero while metrics fail.
+    llama_spec["autoscaling"]["minReplicas"] = 0
+    assert _scaled_object(llama_spec)["fallback"]["replicas"] == 1
+
+
 def test_secrets_are_referenced_never_inlined(llama_spec: dict[str, Any]) -> None:
     llama_spec["runtime"] = {"apiKeySecret": {"name": "api"}}
     container = _by_kind(desired_children("l", "n", InferenceServiceSpec.model_validate(llama_spec)))[

@@ -15,7 +15,7 @@ import pytest
 from metric_contract import LORA_METRICS
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagoda.runtime.adapters import AdapterManager, attach_routes
+from pagoda.runtime.adapters import AdapterManager, management_app
 from pagoda.runtime.cli import _parser
 from pagoda.runtime.config import ConfigError, ServeConfig, config_from_args
 from pagoda.runtime.engine import vllm_argv
@@ -286,13 +286,10 @@ def test_per_adapter_metrics() -> None:
 
 
 def test_adapters_api_without_lora() -> None:
-    from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
     manager = AdapterManager("tiny", "/tmp/cache", drain_timeout=1, enabled=False)
-    app = Starlette()
-    attach_routes(app, manager)
-    client = TestClient(app)
+    client = TestClient(management_app(manager))
     listed = client.get("/v1/pagoda/adapters")
     assert listed.status_code == 200 and listed.json()["enabled"] is False and listed.json()["adapters"] == []
     put = client.put("/v1/pagoda/adapters/sql", json={"source": "file:///adapters/sql"})

@@ -55,3 +55,8 @@ app.kubernetes.io/component: operator
 {{- define "pagoda.runbook" -}}
 {{- printf "%s#%s" (trimSuffix "/" .root.Values.prometheusRule.runbookBaseUrl) (lower .alert) }}
 {{- end }}
+
+{{/* The Secret holding the operator's management key (operator/reconcile/management.py), in the release's namespace. */}}
+{{- define "pagoda.managementKeySecret" -}}
+{{- printf "%s-management-key" (include "pagoda.fullname" .) -}}
+{{- end }}
