@@ -17,13 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psutil
 import yaml
 from kubernetes.utils.quantity import parse_quantity
 
@@ -214,10 +218,17 @@ def _quantity(value: str) -> float:
 
 
 def run_scenario(
-    cluster: Cluster, namespace: str, prometheus_url: str, *, load_seconds_after_max: float = 20
+    cluster: Cluster,
+    namespace: str,
+    prometheus_url: str,
+    *,
+    load_seconds_after_max: float = 20,
+    after_peak: Callable[[Sampler], None] | None = None,
 ) -> tuple[Timeline, Load]:
     """Applies the autoscaled service, loads it until all replicas are Ready (plus a while), stops the
-    load and waits until it is back to its minimum. Returns the timeline and the load (its records)."""
+    load and waits until it is back to its minimum. Returns the timeline and the load (its records).
+    `after_peak`: called when the peak load gives way to the light one (a fault to inject then); the
+    scale-in is waited for after it returns."""
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(autoscaled_sample(namespace)))
     wait_condition(cluster, namespace, NAME, "Ready")
     url = service_url(cluster, namespace, NAME)
@@ -256,6 +267,9 @@ def run_scenario(
         load.stop()
         sampler.load = tail
         timeline.marks["load_end"] = time.monotonic() - t0
+        if after_peak is not None:
+            after_peak(sampler)
+            timeline.marks["after_peak"] = time.monotonic() - t0
 
         def back_to_min() -> bool:
             last = sampler.samples[-1]
@@ -283,6 +297,30 @@ def run_scenario(
         for r in load.records
     ]
     return timeline, load
+
+
+@contextmanager
+def frozen(pid: int) -> Iterator[None]:
+    """The process `pid` and its children stopped (SIGSTOP) for the block, then resumed: alive to every
+    process check and holding its connections, answering nothing, as a hung or partitioned server."""
+    parent = psutil.Process(pid)
+    processes = [parent, *parent.children(recursive=True)]
+    for process in processes:
+        process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for process in processes:
+            process.send_signal(signal.SIGCONT)
+
+
+def scaled_object_condition(sampler: Sampler, kind: str) -> str | None:
+    """The status ("True", "False") of the ScaledObject's condition `kind` (Ready, Active, Fallback)."""
+    obj = sampler.get(f"/apis/keda.sh/v1alpha1/namespaces/{sampler.namespace}/scaledobjects/{NAME}") or {}
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == kind:
+            return str(condition.get("status"))
+    return None
 
 
 def sampler_ready(sampler: Sampler) -> bool:

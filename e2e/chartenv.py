@@ -14,7 +14,7 @@ import yaml
 
 from e2e._procs import REPO_ROOT
 from e2e.cluster import Cluster
-from e2e.processes import OperatorMetrics, http_ok
+from e2e.processes import OperatorMetrics, http_ok, wait_until
 
 CHART = REPO_ROOT / "charts" / "pagoda"
 CRD_NAME = "inferenceservices.pagoda.dev"
@@ -95,19 +95,29 @@ def managed_fields(
 
 @dataclass
 class ChartOperator(OperatorMetrics):
-    """The operator a release of the chart runs: its one pod, read through the API (logs) and at its pod IP
-    (/healthz, /metrics on the chart's `operator.metricsPort`)."""
+    """The operator a release of the chart runs: its replicas' pods, read through the API (logs), and the
+    leader's at its pod IP (/healthz, /metrics on the chart's `operator.metricsPort`)."""
 
     cluster: Cluster
     namespace: str
     port: int = 8080
 
-    def pod(self) -> dict[str, Any]:
+    def pods(self) -> list[dict[str, Any]]:
         listed = kubectl_json(self.cluster, "get", "pods", "-n", self.namespace, "-l", OPERATOR_SELECTOR)
-        running = [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
-        assert len(running) == 1, [p["metadata"]["name"] for p in running]
-        pod: dict[str, Any] = running[0]
-        return pod
+        return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def leader(self) -> dict[str, Any] | None:
+        """The pod holding the release's leader Lease (its holderIdentity is `<pod name>_<suffix>`)."""
+        holders = {
+            str((lease.get("spec") or {}).get("holderIdentity") or "").rpartition("_")[0]
+            for lease in kubectl_json(self.cluster, "get", "leases", "-n", self.namespace)["items"]
+        }
+        return next((p for p in self.pods() if p["metadata"]["name"] in holders), None)
+
+    def pod(self) -> dict[str, Any]:
+        """The leader's pod (the one that reconciles); waits for one to be elected."""
+        found: dict[str, Any] = wait_until(self.leader, "an operator replica to hold the leader Lease", 60)
+        return found
 
     @property
     def url(self) -> str:
@@ -124,10 +134,13 @@ class ChartOperator(OperatorMetrics):
         return self
 
     def check_alive(self) -> None:
-        """Fails, with its last log, if the operator's container restarted (it exited or its probe failed)."""
-        pod = self.pod()
-        restarts = sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
-        assert restarts == 0, f"The operator pod restarted {restarts} times:\n{self.log(previous=True)}"
+        """Fails, with its last log, if an operator container restarted (it exited or its probe failed)."""
+        for pod in self.pods():
+            restarts = sum(c.get("restartCount", 0) for c in pod["status"].get("containerStatuses") or [])
+            name = pod["metadata"]["name"]
+            assert restarts == 0, (
+                f"The operator pod {name} restarted {restarts} times:\n{self.log(previous=True)}"
+            )
 
     def healthy(self) -> bool:
         """/healthz answers 200; fails at once, with its log, if the container restarted."""

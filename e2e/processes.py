@@ -231,9 +231,10 @@ class OperatorProcess(ManagedProcess, OperatorMetrics):
         cwd: Path | None = None,
         runtime_image: str | None = None,
         management_key_secret: str | None = None,
+        leader_elect: str | None = None,
     ) -> None:
         super().__init__(log_path)
-        self.management_key_secret = management_key_secret
+        self.management_key_secret, self.leader_elect = management_key_secret, leader_elect
         self.kubeconfig, self.resync_seconds, self.workers = kubeconfig, resync_seconds, workers
         self.metrics_host, self.cwd, self.runtime_image = metrics_host, cwd, runtime_image
         self.port = free_port()
@@ -251,6 +252,8 @@ class OperatorProcess(ManagedProcess, OperatorMetrics):
             args += ["--runtime-image", self.runtime_image]
         if self.management_key_secret is not None:
             args += ["--management-key-secret", self.management_key_secret]
+        if self.leader_elect is not None:
+            args += ["--leader-elect", self.leader_elect]
         return args
 
     def start(self) -> Self:

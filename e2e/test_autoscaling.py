@@ -2,8 +2,10 @@
 Prometheus has them (found through the operator's ServiceMonitor), KEDA's adapter serves them through the
 API server, the HPA that KEDA manages asks for more replicas, new pods start real runtimes and become
 Ready, the load (through the Service's ClusterIP, from keep-alive clients that never retry) spreads over
-them; after the load, replicas return to the minimum after the cooldown and the
-removed pods drain: no request fails over the whole run. The scenario is e2e/autoscaling.py."""
+them; as the peak ends Prometheus hangs (SIGSTOP) for longer than the cooldown: KEDA falls back and holds the
+replicas instead of scaling in on metrics it cannot read; once Prometheus answers again, replicas return to
+the minimum after the cooldown and the removed pods drain: no request fails over the whole run. The scenario
+is e2e/autoscaling.py."""
 
 from __future__ import annotations
 
@@ -12,9 +14,20 @@ import time
 
 import pytest
 
-from e2e.autoscaling import MAX_REPLICAS, MIN_REPLICAS, NAME, TARGET_IN_FLIGHT, run_scenario
+from e2e.autoscaling import (
+    COOLDOWN_SECONDS,
+    MAX_REPLICAS,
+    MIN_REPLICAS,
+    NAME,
+    TARGET_IN_FLIGHT,
+    Sampler,
+    frozen,
+    run_scenario,
+    scaled_object_condition,
+)
 from e2e.chartenv import ChartOperator
 from e2e.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
+from e2e.processes import wait_until
 from e2e.realpods import get_json, isvc
 from e2e.stack import DEFAULT_PROMETHEUS, Stack
 
@@ -26,9 +39,15 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     stack: Stack, operator: ChartOperator, namespace: str
 ) -> None:
     began = time.time()
-    timeline, load = run_scenario(stack.cluster, namespace, stack.prometheus_url)
+    outage = PrometheusOutage(stack)
+    timeline, load = run_scenario(stack.cluster, namespace, stack.prometheus_url, after_peak=outage)
 
     assert load.failures == [], load.failures[:10]
+    # Prometheus hung with the load light: KEDA fell back, and no replica was removed until it answered.
+    assert outage.fallback_after is not None and outage.fallback_after < 90, outage.fallback_after
+    assert outage.replicas and min(outage.replicas) == MAX_REPLICAS, outage.replicas
+    assert outage.seconds > COOLDOWN_SECONDS + 5, outage.seconds
+    print(f"\nPrometheus hung {outage.seconds:.0f} s; KEDA fell back after {outage.fallback_after:.0f} s")
     assert load.completed > 50
     # KEDA found Prometheus at the default address, a Service name, through the cluster DNS.
     trigger = get_json(stack.cluster, "scaledobject", NAME, "-n", namespace)["spec"]["triggers"][0]
@@ -101,3 +120,42 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     assert (min(desired), max(desired), desired[-1]) == (MIN_REPLICAS, MAX_REPLICAS, MIN_REPLICAS)
     assert (max(ready), ready[-1]) == (MAX_REPLICAS, MIN_REPLICAS)
     assert max(series(("Scaling events", "desired replicas changed"))) >= 1
+
+
+class PrometheusOutage:
+    """Hangs Prometheus (and its ServiceMonitor sync) as the peak load gives way to a light one, until KEDA
+    reports its fallback and for longer than the cooldown after which the light load would scale in; samples
+    the replicas (the HPA's current, the Deployment's ready) from the API server meanwhile."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.fallback_after: float | None = None  # seconds from the hang to KEDA's Fallback condition
+        self.seconds = 0.0  # how long Prometheus hung
+        self.replicas: list[int] = []  # the lower of current and ready, every second of the hang
+
+    def sample(self, sampler: Sampler) -> None:
+        hpa = sampler.get(
+            f"/apis/autoscaling/v2/namespaces/{sampler.namespace}/horizontalpodautoscalers/keda-hpa-{NAME}"
+        )
+        deployment = sampler.get(f"/apis/apps/v1/namespaces/{sampler.namespace}/deployments/{NAME}") or {}
+        current = int(((hpa or {}).get("status") or {}).get("currentReplicas") or 0)
+        self.replicas.append(min(current, int((deployment.get("status") or {}).get("readyReplicas") or 0)))
+
+    def __call__(self, sampler: Sampler) -> None:
+        pid = self.stack.monitoring.pid
+        assert pid is not None
+        started = time.monotonic()
+        with frozen(pid):
+            while time.monotonic() - started < COOLDOWN_SECONDS + 10 or self.fallback_after is None:
+                assert time.monotonic() - started < 120, "KEDA did not fall back within 120 s"
+                self.sample(sampler)
+                if self.fallback_after is None and scaled_object_condition(sampler, "Fallback") == "True":
+                    self.fallback_after = time.monotonic() - started
+                time.sleep(1)
+            self.seconds = time.monotonic() - started
+        wait_until(
+            lambda: scaled_object_condition(sampler, "Fallback") == "False",
+            "KEDA's fallback to end once Prometheus answers",
+            timeout=120,
+            interval=1,
+        )

@@ -7,7 +7,10 @@ import asyncio
 import functools
 import logging
 import os
+import socket
 import sys
+import time
+import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -22,7 +25,8 @@ from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.reconcile.kube import Kube, KubeError
-from pagoda.operator.reconcile.management import KeyUnavailable, load_signer, parse_secret_ref
+from pagoda.operator.reconcile.leader import LeaderElector
+from pagoda.operator.reconcile.management import KeyUnavailable, load_signer, parse_namespaced_name
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
 
@@ -59,11 +63,29 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the Secret holding the key the operator signs its calls to the runtimes' management API with "
         "(made there when missing); default: a key of this process only, new at each start",
     )
+    parser.add_argument(
+        "--leader-elect",
+        metavar="NAMESPACE/NAME",
+        help="run as one of several replicas: only the holder of this Lease reconciles, the others wait to "
+        "take over (reconcile/leader.py); default: this process alone reconciles",
+    )
+    parser.add_argument(
+        "--leader-identity",
+        default=os.environ.get("POD_NAME") or socket.gethostname(),
+        help="this replica's name in the Lease, with a random suffix (default: $POD_NAME, else the host)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
+    if args.leader_elect is not None:
+        try:
+            args.leader_elect = parse_namespaced_name(args.leader_elect, "--leader-elect")
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.management_key_secret is not None:
         try:
-            args.management_key_secret = parse_secret_ref(args.management_key_secret)
+            args.management_key_secret = parse_namespaced_name(
+                args.management_key_secret, "--management-key-secret"
+            )
         except ValueError as exc:
             parser.error(str(exc))
     if not 0 < args.metrics_port < 65536:
@@ -133,9 +155,75 @@ async def resync(
         log.info("Queued resync count=%d", len(owners))
 
 
+async def lead(elector: LeaderElector) -> None:
+    """Waits until this replica holds the Lease."""
+    log.info("Waiting for lease=%s/%s identity=%s", elector.namespace, elector.name, elector.identity)
+    while True:
+        if await asyncio.to_thread(elector.try_acquire_or_renew):
+            return
+        await asyncio.sleep(elector.timing.retry_period)
+
+
+async def keep_leading(elector: LeaderElector) -> None:
+    """Renews the Lease every retry period. When a renewal has not succeeded for the renew deadline (the
+    API server unreachable, or another replica took the Lease) the process exits at once: a reconcile
+    worker thread cannot be stopped, and another replica may take over once the lease duration passes."""
+    timing = elector.timing
+    while True:
+        await asyncio.sleep(timing.retry_period)
+        renewed_at = elector.renewed_at or 0.0
+        attempt = asyncio.ensure_future(asyncio.to_thread(elector.try_acquire_or_renew))
+        await asyncio.wait({attempt}, timeout=max(0.0, renewed_at + timing.renew_deadline - time.monotonic()))
+        if not elector.is_leader:
+            metrics.LEADER.set(0)
+            log.error(
+                "Lost lease=%s/%s identity=%s: exiting", elector.namespace, elector.name, elector.identity
+            )
+            logging.shutdown()
+            os._exit(1)
+
+
 async def run(args: argparse.Namespace) -> None:
     api = api_client(args.kubeconfig, args.workers + 2)
     kube = Kube(api)
+    elector = None
+    if args.leader_elect is not None:
+        identity = f"{args.leader_identity}_{uuid.uuid4().hex[:8]}"
+        lease_namespace, lease_name = args.leader_elect
+        elector = LeaderElector(kube, lease_namespace, lease_name, identity)
+    tasks: list[asyncio.Task[None]] = []
+    operator_task: asyncio.Task[None] | None = None
+    executor: ThreadPoolExecutor | None = None
+
+    def healthy() -> bool:
+        """A standby (not yet leading) is healthy too; a leader while its watches and workers run."""
+        running = [operator_task, *tasks] if operator_task is not None else tasks
+        return not any(task.done() for task in running)
+
+    runner = await metrics.serve(args.metrics_host, args.metrics_port, healthy)
+    try:
+        if elector is not None:
+            await lead(elector)
+            tasks.append(asyncio.create_task(keep_leading(elector)))
+        operator_task, executor = await reconcile_all(api, kube, args, tasks)
+        await operator_task
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if elector is not None:
+            await asyncio.to_thread(elector.release)
+        await runner.cleanup()
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
+        log.info("Stopped operator")
+
+
+async def reconcile_all(
+    api: client.ApiClient, kube: Kube, args: argparse.Namespace, tasks: list[asyncio.Task[None]]
+) -> tuple[asyncio.Task[None], ThreadPoolExecutor]:
+    """Starts the reconcile workers on their thread pool and the resync (added to `tasks`), and kopf's
+    watches; returns kopf's task and the pool."""
     queue = WorkQueue()
     metrics.watch_queue(queue)
     cache = ObjectCache(KIND)
@@ -154,7 +242,8 @@ async def run(args: argparse.Namespace) -> None:
         adapters=AdapterSync(signer),
         management_key=signer.public_pem,
     )
-    tasks = [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
+    metrics.LEADER.set(1)
+    tasks += [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
     tasks.append(asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds)))
     operator_task = asyncio.create_task(
         kopf.operator(
@@ -165,25 +254,13 @@ async def run(args: argparse.Namespace) -> None:
         )
     )
 
-    def healthy() -> bool:
-        return not operator_task.done() and not any(task.done() for task in tasks)
-
-    runner = await metrics.serve(args.metrics_host, args.metrics_port, healthy)
     log.info(
         "Started operator namespace=%s workers=%d metrics_port=%d",
         args.namespace or "*",
         args.workers,
         args.metrics_port,
     )
-    try:
-        await operator_task
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await runner.cleanup()
-        executor.shutdown(wait=False, cancel_futures=True)
-        log.info("Stopped operator")
+    return operator_task, executor
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,6 +35,10 @@ QUEUE_DEPTH = Gauge(
     "pagoda_operator_queue_depth",
     "InferenceServices waiting in the work queue for a reconcile pass.",
 )
+LEADER = Gauge(
+    "pagoda_operator_leader",
+    "1 while this replica holds the leader Lease (or runs without leader election) and reconciles, else 0.",
+)
 RECONCILES_IN_PROGRESS = Gauge(
     "pagoda_operator_reconciles_in_progress",
     "Reconcile passes running now (at most --workers).",

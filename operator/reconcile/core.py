@@ -58,7 +58,7 @@ from pagoda.operator.resources import (
     selector_string,
     service_url,
 )
-from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.resources.meta import FIELD_MANAGER, OWNER_LABEL, REPLICAS_HANDOVER_MANAGER
 
 log = logging.getLogger("pagoda.operator.reconcile")
 PLURALS = {kind: (api_version, plural) for api_version, kind, plural in CHILD_KINDS}
@@ -311,6 +311,7 @@ def apply_children(p: Pass, desired: list[Obj]) -> None:
         if current is not None and matches(manifest, current):
             continue
         try:
+            hand_over_replicas(p, manifest, current)
             p.live[key] = p.kube.apply(manifest, PLURALS[key[0]][1])
         except KubeError as exc:
             if namespace_terminating(exc):
@@ -320,6 +321,43 @@ def apply_children(p: Pass, desired: list[Obj]) -> None:
         if p.cache:
             p.cache.observe(p.live[key])
         p.wrote("Created" if current is None else "Updated", *key)
+
+
+def hand_over_replicas(p: Pass, manifest: Obj, current: Obj | None) -> None:
+    """Autoscaling turned on: the Deployment's spec.replicas passes from the operator to KEDA's HPA.
+
+    An apply that leaves out a field its manager alone owns removes the field, and the API server defaults
+    spec.replicas to 1: a service at N replicas would drop to one until the HPA scales it up again. So the
+    current count is first applied by a second field manager (the handover manager, which asks for nothing
+    else), and the field outlives the operator's release of it; the HPA's next scale takes it over. The same
+    as Kubernetes' documented transfer of ownership to an HPA."""
+    if manifest["kind"] != "Deployment" or current is None or "replicas" in manifest["spec"]:
+        return
+    replicas = (current.get("spec") or {}).get("replicas")
+    if replicas is None or not owns_field(current, FIELD_MANAGER, "f:spec", "f:replicas"):
+        return
+    meta = manifest["metadata"]
+    handover = {
+        "apiVersion": manifest["apiVersion"],
+        "kind": manifest["kind"],
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+        "spec": {"replicas": replicas},
+    }
+    p.kube.apply(handover, "deployments", field_manager=REPLICAS_HANDOVER_MANAGER)
+    log.info("Handed over replicas=%s name=%s namespace=%s to the autoscaler", replicas, p.name, p.namespace)
+
+
+def owns_field(obj: Obj, manager: str, *path: str) -> bool:
+    """Whether `manager`'s managedFields entry of `obj` has the field at `path` (fieldsV1 keys)."""
+    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
+        if entry.get("manager") != manager:
+            continue
+        fields = entry.get("fieldsV1") or {}
+        for key in path:
+            fields = fields.get(key) if isinstance(fields, dict) else None
+        if fields is not None:
+            return True
+    return False
 
 
 def prune_children(p: Pass, desired: list[Obj]) -> None:

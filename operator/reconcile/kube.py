@@ -141,14 +141,14 @@ class Kube:
             if not token:
                 return
 
-    def apply(self, manifest: Obj, plural: str) -> Obj:
+    def apply(self, manifest: Obj, plural: str, field_manager: str = FIELD_MANAGER) -> Obj:
         """Server-side apply with our field manager, forcing conflicts (we are the controller)."""
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
         result = self._call(
             "PATCH",
             path,
-            query=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            query=[("fieldManager", field_manager), ("force", "true")],
             body=manifest,
             content_type="application/apply-patch+yaml",
         )
@@ -180,10 +180,20 @@ class Kube:
         metrics.API_WRITES.labels(kind=kind, verb="patch_status").inc()
         return result
 
-    def create(self, manifest: Obj, plural: str) -> Obj:
+    def replace(self, manifest: Obj, plural: str) -> Obj:
+        """PUT the whole object; with metadata.resourceVersion set, only if nobody changed it since (409).
+        Used for the leader Lease only, and not counted in the API writes: renewing it every few seconds is
+        not work on an InferenceService."""
+        meta = manifest["metadata"]
+        path = resource_path(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
+        return self._call("PUT", path, body=manifest)
+
+    def create(self, manifest: Obj, plural: str, counted: bool = True) -> Obj:
+        """POST a new object; `counted`: in the API writes (not for the leader Lease, see `replace`)."""
         meta = manifest["metadata"]
         result = self._call(
             "POST", resource_path(manifest["apiVersion"], plural, meta.get("namespace")), body=manifest
         )
-        metrics.API_WRITES.labels(kind=manifest["kind"], verb="create").inc()
+        if counted:
+            metrics.API_WRITES.labels(kind=manifest["kind"], verb="create").inc()
         return result

@@ -26,11 +26,11 @@ class KeyUnavailable(RuntimeError):
     """The key Secret can be neither read nor created; the message says why and what to grant."""
 
 
-def parse_secret_ref(value: str) -> tuple[str, str]:
-    """NAMESPACE/NAME of --management-key-secret."""
+def parse_namespaced_name(value: str, flag: str) -> tuple[str, str]:
+    """NAMESPACE/NAME of a command-line `flag` (--management-key-secret, --leader-elect)."""
     namespace, _, name = value.partition("/")
     if not namespace or not name or "/" in name:
-        raise ValueError(f"--management-key-secret: give NAMESPACE/NAME (got {value!r})")
+        raise ValueError(f"{flag}: give NAMESPACE/NAME (got {value!r})")
     return namespace, name
 
 

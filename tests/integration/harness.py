@@ -21,7 +21,12 @@ class OperatorProcess(processes.OperatorProcess):
     operator-N.log in `workdir`."""
 
     def __init__(
-        self, kubeconfig: Path, workdir: Path, resync_seconds: float = RESYNC_SECONDS, workers: int = 4
+        self,
+        kubeconfig: Path,
+        workdir: Path,
+        resync_seconds: float = RESYNC_SECONDS,
+        workers: int = 4,
+        leader_elect: str | None = None,
     ) -> None:
         super().__init__(
             kubeconfig,
@@ -30,6 +35,7 @@ class OperatorProcess(processes.OperatorProcess):
             workers=workers,
             cwd=REPO,
             management_key_secret="/".join(MANAGEMENT_KEY_SECRET),
+            leader_elect=leader_elect,
         )
         self.workdir = workdir
         self.starts = 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 from harness import OperatorProcess, wait_until
@@ -108,3 +110,42 @@ def test_kubectl_scale_uses_the_scale_subresource(
         "jsonpath={.status.replicas}",
     )
     assert scale.stdout.strip() == "3"
+
+
+def test_turning_autoscaling_on_keeps_the_replicas_it_has(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
+) -> None:
+    """An apply that leaves out spec.replicas would reset it to 1 (the operator's release of the field):
+    the operator hands the count over first (reconcile/core.py hand_over_replicas). Sampled every 100 ms."""
+    create_ready(kube, "handover", namespace, replicas=3)
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.1):
+            deployment = raw.get("apps/v1", "deployments", namespace, "handover") or {}
+            seen.append(int((deployment.get("spec") or {}).get("replicas") or 0))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        autoscaling = {"minReplicas": 3, "maxReplicas": 5, "targetQueueDepth": 5}
+        monitoring = {"serviceMonitor": {"enabled": True}}  # autoscaling needs a metrics source
+        patch(
+            kube,
+            "handover",
+            namespace,
+            {"replicas": None, "autoscaling": autoscaling, "monitoring": monitoring},
+        )
+        released = wait_until(
+            lambda: (
+                (d := raw.get("apps/v1", "deployments", namespace, "handover")) and not owns_replicas(d) and d
+            ),
+            "replicas released to the autoscaler",
+        )
+        time.sleep(2)  # a few samples after the release
+    finally:
+        stop.set()
+        sampler.join(timeout=10)
+    assert len(seen) > 10 and min(seen) == 3, seen
+    assert released["spec"]["replicas"] == 3

@@ -124,15 +124,16 @@ def test_rbac_has_no_wildcards(scenario: tuple[Path, list[dict[str, Any]]]) -> N
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: wildcard in {field}"
             assert "nonResourceURLs" not in rule
-            if role["metadata"]["name"] != "pagoda-management-key":
+            if role["metadata"]["name"] != "pagoda-self":
                 assert "resourceNames" not in rule
 
 
-def test_the_operator_reads_only_its_own_management_key(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
-    """Its one Secret, in the release's namespace: `get` by name, `create` (RBAC cannot name what does not
-    exist yet) for the first replica that finds none (operator/reconcile/management.py)."""
+def test_the_operator_reads_only_its_own_key_and_lease(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
+    """In the release's namespace: its one Secret (`get` by name, `create`, which RBAC cannot limit to a name
+    that does not exist yet, for the first replica that finds none: operator/reconcile/management.py) and its
+    leader Lease (reconcile/leader.py)."""
     _, docs = scenario
-    (role,) = find(docs, "Role", "pagoda-management-key")
+    (role,) = find(docs, "Role", "pagoda-self")
     assert role["metadata"]["namespace"] == "pagoda-system"
     assert role["rules"] == [
         {
@@ -142,12 +143,32 @@ def test_the_operator_reads_only_its_own_management_key(scenario: tuple[Path, li
             "verbs": ["get"],
         },
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["pagoda-leader"],
+            "verbs": ["get", "update"],
+        },
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
     ]
-    (binding,) = find(docs, "RoleBinding", "pagoda-management-key")
+    (binding,) = find(docs, "RoleBinding", "pagoda-self")
     account = only(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "pagoda-system"}]
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--management-key-secret=pagoda-system/pagoda-management-key" in args
+    assert "--leader-elect=pagoda-system/pagoda-leader" in args
+
+
+def test_two_replicas_elect_a_leader_and_keep_one_through_drains(default_docs: list[dict[str, Any]]) -> None:
+    deployment = only(default_docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} in container["env"]
+    pdb = only(default_docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    assert find(render("--set", "operator.replicas=1"), "PodDisruptionBudget") == []
 
 
 def grants(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], set[str]]:
@@ -206,7 +227,6 @@ def test_namespaced_scenario_writes_only_in_its_namespace() -> None:
 
 def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> None:
     deployment = only(default_docs, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "pagoda"
     (container,) = pod["containers"]
@@ -215,6 +235,7 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
     assert container["args"] == [
         "--metrics-port=8080",
         "--management-key-secret=pagoda-system/pagoda-management-key",
+        "--leader-elect=pagoda-system/pagoda-leader",
     ]
     assert "resources" not in container, "no default resource requests or limits for the operator"
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
@@ -294,7 +315,7 @@ def test_monitoring_scenario_objects() -> None:
 @pytest.mark.parametrize(
     ("setting", "field"),
     [
-        ("operator.replicas=2", "replicas"),
+        ("operator.replicas=0", "replicas"),
         ("image.pullPolicy=Sometimes", "pullPolicy"),
         ("crds.keep=maybe", "keep"),
         ("operator.watchNamespace=Not_A_Namespace", "watchNamespace"),
