@@ -29,6 +29,7 @@ _TAINT = "untolerated taint"
 _TOO_MANY_PODS = "Too many pods"
 # Most specific first: a PreFilter verdict, then what the nodes that got furthest in the filters failed on.
 RANK = (
+    "RolloutBlocked",
     "VolumeClaimNotFound",
     "VolumeClaimNotBound",
     "InsufficientGPU",
@@ -53,6 +54,10 @@ def unschedulable_issue(pods: list[Obj], spec: Obj | None = None) -> PodIssue | 
             continue
         name = str(meta.get("name", "?"))
         issue = scheduling_issue(name, str(meta.get("namespace") or ""), verdict, spec or {})
+        if issue.reason in ("InsufficientGPU", "InsufficientResources") and surge_blocked(
+            pod, pods, spec or {}
+        ):
+            issue = rollout_blocked(name, verdict_summary(verdict))
         found.append((RANK.index(issue.reason), name, issue))
     if not found:
         return None
@@ -63,6 +68,41 @@ def unschedulable_issue(pods: list[Obj], spec: Obj | None = None) -> PodIssue | 
         s = "s" if others > 1 else ""
         return PodIssue(first.reason, f"{first.message} ({others} more pod{s} unschedulable)")
     return first
+
+
+def surge_blocked(pod: Obj, pods: list[Obj], spec: Obj) -> bool:
+    """Whether `pod` is a new replica of a rollout that may not take an old one down first
+    (spec.rollout.maxUnavailable 0): it waits for resources the old replicas hold, and the rollout with it."""
+    if str((spec.get("rollout") or {}).get("maxUnavailable", 0)) not in ("0", "0%"):
+        return False
+    template = _template_hash(pod)
+    return template is not None and any(
+        _template_hash(other) not in (None, template)
+        and not (other.get("metadata") or {}).get("deletionTimestamp")
+        and _scheduled(other)
+        for other in pods
+    )
+
+
+def rollout_blocked(pod: str, summary: str) -> PodIssue:
+    return PodIssue(
+        "RolloutBlocked",
+        f"pod {pod} of the rollout cannot be scheduled ({summary}): the old replicas keep their GPUs until "
+        "new ones are Ready (spec.rollout.maxUnavailable 0), and no node has room for one more; set "
+        "spec.rollout.maxUnavailable to 1 and spec.rollout.maxSurge to 0 to replace replicas one at a time "
+        "in place (one replica fewer while each restarts), or free GPUs",
+    )
+
+
+def _scheduled(pod: Obj) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
+
+
+def _template_hash(pod: Obj) -> str | None:
+    """The ReplicaSet's pod-template-hash label: which version of the pod template the pod runs."""
+    value = ((pod.get("metadata") or {}).get("labels") or {}).get("pod-template-hash")
+    return str(value) if value else None
 
 
 def scheduler_message(pod: Obj) -> str | None:

@@ -71,6 +71,27 @@ def test_not_enough_gpus(
     wait_ready(kube, "big", namespace)
 
 
+def test_a_rollout_with_every_gpu_allocated_is_blocked_until_it_may_roll_in_place(
+    operator: OperatorProcess, cluster: Cluster, kube: client.CustomObjectsApi, namespace: str
+) -> None:
+    """Two replicas of 8 GPUs take both kwok GPU nodes; a spec change's surge replica finds no room (the
+    default rollout keeps every old replica until a new one is Ready): RolloutBlocked names the fields, and
+    rolling in place (maxUnavailable 1, maxSurge 0) completes it."""
+    create(kube, "full", namespace, replicas=2, resources={"gpu": {"count": 8}})
+    wait_ready(kube, "full", namespace, timeout=120)
+    patch(kube, "full", namespace, {"engine": {"maxNumSeqs": 64}})  # a new pod template
+    obj = wait_degraded(kube, "full", namespace, "RolloutBlocked")
+    message = condition(obj, "Degraded")["message"]
+    for part in (
+        "of the rollout cannot be scheduled",
+        "Insufficient nvidia.com/gpu",
+        "spec.rollout.maxUnavailable",
+    ):
+        assert part in message, (part, message)
+    patch(kube, "full", namespace, {"rollout": {"maxSurge": 0, "maxUnavailable": 1}})
+    wait_ready(kube, "full", namespace, timeout=180)
+
+
 def test_no_node_with_the_gpu_product(
     operator: OperatorProcess, cluster: Cluster, kube: client.CustomObjectsApi, namespace: str
 ) -> None:

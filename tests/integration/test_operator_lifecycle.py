@@ -105,7 +105,9 @@ def test_create_builds_children_and_reports_ready(
     # One Kubernetes Event for the pass that created the children, naming each.
     events = client.CoreV1Api(cluster_api).list_namespaced_event(namespace).items
     messages = [e.message for e in events if e.involved_object.name == "llm" and e.reason == "Created"]
-    assert messages == ["Created Deployment llm, Service llm, PodDisruptionBudget llm"]
+    assert messages == [
+        "Created ConfigMap llm-management, Deployment llm, Service llm, PodDisruptionBudget llm"
+    ]
 
 
 def test_spec_change_rolls_out(

@@ -168,3 +168,28 @@ def test_the_same_verdict_gives_the_same_message() -> None:
     # The status is written only when it changes: nothing in the message may move between passes.
     first = unschedulable_issue([pending("p", GPU)], SPEC)
     assert first == unschedulable_issue([pending("p", GPU)], SPEC)
+
+
+def _versioned(pod: dict[str, Any], template: str) -> dict[str, Any]:
+    pod["metadata"]["labels"] = {"pod-template-hash": template}
+    return pod
+
+
+def test_a_new_replica_waiting_for_the_gpus_the_old_ones_hold_is_a_blocked_rollout() -> None:
+    """maxSurge 1 / maxUnavailable 0 (the defaults) with every GPU allocated: the rollout cannot go on."""
+    old = _versioned(
+        {
+            "metadata": {"name": "m-old"},
+            "status": {"conditions": [{"type": "PodScheduled", "status": "True"}]},
+        },
+        "v1",
+    )
+    new = _versioned(pending("m-new", GPU), "v2")
+    issue = unschedulable_issue([old, new], SPEC)
+    assert issue is not None and issue.reason == "RolloutBlocked"
+    assert issue.message.startswith("pod m-new of the rollout cannot be scheduled (0/3 nodes are available")
+    assert "spec.rollout.maxUnavailable to 1 and spec.rollout.maxSurge to 0" in issue.message
+    # Not a rollout: no scheduled pod of another version, or the rollout may take an old replica down first.
+    assert unschedulable_issue([_versioned(pending("m-new", GPU), "v2")], SPEC).reason == "InsufficientGPU"  # type: ignore[union-attr]
+    rolling_in_place = {**SPEC, "rollout": {"maxSurge": 0, "maxUnavailable": 1}}
+    assert unschedulable_issue([old, new], rolling_in_place).reason == "InsufficientGPU"  # type: ignore[union-attr]
