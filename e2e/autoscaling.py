@@ -223,12 +223,12 @@ def run_scenario(
     prometheus_url: str,
     *,
     load_seconds_after_max: float = 20,
-    after_peak: Callable[[Sampler], None] | None = None,
+    at_peak: Callable[[Sampler], None] | None = None,
 ) -> tuple[Timeline, Load]:
     """Applies the autoscaled service, loads it until all replicas are Ready (plus a while), stops the
     load and waits until it is back to its minimum. Returns the timeline and the load (its records).
-    `after_peak`: called when the peak load gives way to the light one (a fault to inject then); the
-    scale-in is waited for after it returns."""
+    `at_peak`: called under the peak load once every replica serves, instead of waiting
+    `load_seconds_after_max` (a fault to inject then); the peak ends when it returns."""
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(autoscaled_sample(namespace)))
     wait_condition(cluster, namespace, NAME, "Ready")
     url = service_url(cluster, namespace, NAME)
@@ -260,16 +260,17 @@ def run_scenario(
             interval=1,
         )
         timeline.marks["spread"] = time.monotonic() - t0
-        time.sleep(load_seconds_after_max)
+        if at_peak is not None:
+            at_peak(sampler)
+            timeline.marks["at_peak_done"] = time.monotonic() - t0
+        else:
+            time.sleep(load_seconds_after_max)
         # The peak ends; a light load (below one replica's target) goes on while replicas are removed,
         # so that the scale-in itself is shown to lose nothing.
         tail.start()
         load.stop()
         sampler.load = tail
         timeline.marks["load_end"] = time.monotonic() - t0
-        if after_peak is not None:
-            after_peak(sampler)
-            timeline.marks["after_peak"] = time.monotonic() - t0
 
         def back_to_min() -> bool:
             last = sampler.samples[-1]

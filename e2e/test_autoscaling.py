@@ -2,10 +2,10 @@
 Prometheus has them (found through the operator's ServiceMonitor), KEDA's adapter serves them through the
 API server, the HPA that KEDA manages asks for more replicas, new pods start real runtimes and become
 Ready, the load (through the Service's ClusterIP, from keep-alive clients that never retry) spreads over
-them; as the peak ends Prometheus hangs (SIGSTOP) for longer than the cooldown: KEDA falls back and holds the
-replicas instead of scaling in on metrics it cannot read; once Prometheus answers again, replicas return to
-the minimum after the cooldown and the removed pods drain: no request fails over the whole run. The scenario
-is e2e/autoscaling.py."""
+them; at the peak Prometheus hangs (SIGSTOP): KEDA falls back and holds the replicas instead of acting on
+metrics it cannot read; once Prometheus answers again and the load ends, replicas return to the minimum after
+the cooldown and the removed pods drain: no request fails over the whole run. The scenario is
+e2e/autoscaling.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import time
 import pytest
 
 from e2e.autoscaling import (
-    COOLDOWN_SECONDS,
     MAX_REPLICAS,
     MIN_REPLICAS,
     NAME,
@@ -40,13 +39,12 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
 ) -> None:
     began = time.time()
     outage = PrometheusOutage(stack)
-    timeline, load = run_scenario(stack.cluster, namespace, stack.prometheus_url, after_peak=outage)
+    timeline, load = run_scenario(stack.cluster, namespace, stack.prometheus_url, at_peak=outage)
 
     assert load.failures == [], load.failures[:10]
-    # Prometheus hung with the load light: KEDA fell back, and no replica was removed until it answered.
+    # Prometheus hung under the peak load: KEDA fell back, and no replica was removed until it answered.
     assert outage.fallback_after is not None and outage.fallback_after < 90, outage.fallback_after
     assert outage.replicas and min(outage.replicas) == MAX_REPLICAS, outage.replicas
-    assert outage.seconds > COOLDOWN_SECONDS + 5, outage.seconds
     print(f"\nPrometheus hung {outage.seconds:.0f} s; KEDA fell back after {outage.fallback_after:.0f} s")
     assert load.completed > 50
     # KEDA found Prometheus at the default address, a Service name, through the cluster DNS.
@@ -123,9 +121,12 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
 
 
 class PrometheusOutage:
-    """Hangs Prometheus (and its ServiceMonitor sync) as the peak load gives way to a light one, until KEDA
-    reports its fallback and for longer than the cooldown after which the light load would scale in; samples
-    the replicas (the HPA's current, the Deployment's ready) from the API server meanwhile."""
+    """Hangs Prometheus (and its ServiceMonitor sync) under the peak load until KEDA reports its fallback and
+    for at least HOLD_SECONDS (as long as the scenario's peak lasts without it); samples the replicas (the
+    HPA's current, the Deployment's ready) from the API server meanwhile. A fallback to a fixed count (KEDA's
+    `static`) would drop them to it."""
+
+    HOLD_SECONDS = 20
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
@@ -146,7 +147,7 @@ class PrometheusOutage:
         assert pid is not None
         started = time.monotonic()
         with frozen(pid):
-            while time.monotonic() - started < COOLDOWN_SECONDS + 10 or self.fallback_after is None:
+            while time.monotonic() - started < self.HOLD_SECONDS or self.fallback_after is None:
                 assert time.monotonic() - started < 120, "KEDA did not fall back within 120 s"
                 self.sample(sampler)
                 if self.fallback_after is None and scaled_object_condition(sampler, "Fallback") == "True":

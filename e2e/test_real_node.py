@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from e2e import images, realnode, registry
-from e2e.chartenv import adopt_crd, condition, helm, kubectl_json
+from e2e.chartenv import ChartOperator, adopt_crd, condition, helm, kubectl_json
 from e2e.cluster import Cluster, install_operator
 from e2e.fixtures import tiny_sample
 from e2e.processes import http_ok, wait_until
@@ -62,12 +62,8 @@ def release(cluster: Cluster) -> Iterator[str]:
 
 
 def _operator_pod(cluster: Cluster, namespace: str) -> dict[str, Any]:
-    pods = kubectl_json(cluster, "get", "pods", "-n", namespace, "-l", "app.kubernetes.io/name=pagoda")[
-        "items"
-    ]
-    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
-    pod: dict[str, Any] = pods[0]
-    return pod
+    """The pod of the operator replica that leads (the chart runs two; docs/operator.md#high-availability)."""
+    return ChartOperator(cluster, namespace).pod()
 
 
 def test_node_is_kubelet_and_containerd(cluster: Cluster) -> None:

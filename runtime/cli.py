@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import io
 import logging
+import os
 import sys
 from types import ModuleType
 
@@ -63,6 +64,11 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
     log.info("Starting runtime model=%s name=%s port=%d", config.model, config.name, config.port)
     runtime = lifecycle.Runtime(config, vllm_args)
     code: int = uvloop.run(runtime.run())
+    if runtime.abandoned_load:  # see Runtime.abandoned_load: the exit code must be the one decided here
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 

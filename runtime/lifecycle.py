@@ -108,6 +108,10 @@ class Runtime:
         self.stop = asyncio.Event()
         self.exit_code = 0
         self.started = time.monotonic()
+        # Stopped while the engine loaded: its loading thread is still inside native code (torch, vLLM), and
+        # tearing the interpreter down under it can crash the process (SIGSEGV, exit 139) after a clean
+        # stop; cli.py then leaves without that teardown.
+        self.abandoned_load = False
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         if not self.stop.is_set():
@@ -168,6 +172,7 @@ class Runtime:
             stopped.cancel()
             log.info("Stopped while loading model=%s", config.model)
             reap_children()  # makes a pending EngineCore handshake fail
+            self.abandoned_load = True
             return
         stopped.cancel()
         try:

@@ -2,7 +2,7 @@
 KV-cache usage).
 
 When the metrics vanish (Prometheus down, or the pods' scrape failing, so that a query answers nothing)
-the service keeps its replicas: each Prometheus trigger counts an empty answer as a failure
+the service keeps its replicas: the replicas' own triggers count an empty answer as a failure
 (`ignoreNullValues: "false"`; KEDA's default reads it as 0, and scales to the minimum under full load), and
 after FALLBACK_FAILURES failed polls in a row KEDA's fallback holds the current replica count (at least the
 minimum) until the queries answer again.
@@ -88,7 +88,8 @@ def scaled_object(
                     "threshold": str(autoscaling.target_per_replica),
                     # Active (0 -> 1) as soon as one request waits; KEDA's default activation is "> 0".
                     "activationThreshold": "0",
-                    "ignoreNullValues": "false",
+                    # The picker exports its queue only while requests wait: no series is an empty queue,
+                    # not a failure (as one, KEDA would never scale the service to zero).
                 },
             }
         )
