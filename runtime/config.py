@@ -129,7 +129,7 @@ class ServeConfig(BaseModel):
             try:
                 management.Verifier(value).public_key()
             except management.Unauthorized as exc:
-                raise ValueError(str(exc).replace("this pod cannot read ", "cannot read ")) from None
+                raise ValueError(str(exc)) from None
         return value
 
     @field_validator("max_lora_rank")

@@ -117,7 +117,7 @@ class Verifier:
         try:
             key = serialization.load_pem_public_key(self.key_file.read_bytes())
         except (OSError, ValueError) as exc:
-            problem = f"this pod cannot read the operator's public key {self.key_file}: {exc}"
+            problem = f"cannot read the operator's public key {self.key_file}: {exc}"
             raise Unauthorized(problem) from None
         if not isinstance(key, Ed25519PublicKey):
             raise Unauthorized(f"{self.key_file} is not an Ed25519 public key")

@@ -30,7 +30,7 @@ from pagoda.operator.reconcile.adapters import AdapterReport, AdapterSync, failu
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.chattemplate import read_chat_template
-from pagoda.operator.reconcile.compare import matches
+from pagoda.operator.reconcile.compare import matches, stale_fields
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.pods import POD_KIND, next_startup_deadline
 from pagoda.operator.reconcile.problems import (
@@ -58,7 +58,7 @@ from pagoda.operator.resources import (
     selector_string,
     service_url,
 )
-from pagoda.operator.resources.meta import FIELD_MANAGER, OWNER_LABEL, REPLICAS_HANDOVER_MANAGER
+from pagoda.operator.resources.meta import OWNER_LABEL, REPLICAS_HANDOVER_MANAGER
 
 log = logging.getLogger("pagoda.operator.reconcile")
 PLURALS = {kind: (api_version, plural) for api_version, kind, plural in CHILD_KINDS}
@@ -331,10 +331,10 @@ def hand_over_replicas(p: Pass, manifest: Obj, current: Obj | None) -> None:
     current count is first applied by a second field manager (the handover manager, which asks for nothing
     else), and the field outlives the operator's release of it; the HPA's next scale takes it over. The same
     as Kubernetes' documented transfer of ownership to an HPA."""
-    if manifest["kind"] != "Deployment" or current is None or "replicas" in manifest["spec"]:
+    if manifest["kind"] != "Deployment" or current is None:
         return
     replicas = (current.get("spec") or {}).get("replicas")
-    if replicas is None or not owns_field(current, FIELD_MANAGER, "f:spec", "f:replicas"):
+    if replicas is None or "spec.replicas" not in stale_fields(manifest, current):  # ours, and let go now
         return
     meta = manifest["metadata"]
     handover = {
@@ -345,19 +345,6 @@ def hand_over_replicas(p: Pass, manifest: Obj, current: Obj | None) -> None:
     }
     p.kube.apply(handover, "deployments", field_manager=REPLICAS_HANDOVER_MANAGER)
     log.info("Handed over replicas=%s name=%s namespace=%s to the autoscaler", replicas, p.name, p.namespace)
-
-
-def owns_field(obj: Obj, manager: str, *path: str) -> bool:
-    """Whether `manager`'s managedFields entry of `obj` has the field at `path` (fieldsV1 keys)."""
-    for entry in (obj.get("metadata") or {}).get("managedFields") or []:
-        if entry.get("manager") != manager:
-            continue
-        fields = entry.get("fieldsV1") or {}
-        for key in path:
-            fields = fields.get(key) if isinstance(fields, dict) else None
-        if fields is not None:
-            return True
-    return False
 
 
 def prune_children(p: Pass, desired: list[Obj]) -> None:

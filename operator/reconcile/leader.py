@@ -82,13 +82,11 @@ class LeaderElector:
                 duration = float(spec.get("leaseDurationSeconds") or self.timing.lease_duration)
                 if now - self._observed[1] < duration:
                     return False  # held, and renewed within its duration as far as we have seen
-            transitions = int(spec.get("leaseTransitions") or 0) + (0 if holder == self.identity else 1)
-            if holder == self.identity:
-                body = self._lease(lease, transitions, acquired=spec.get("acquireTime"))
-            else:
-                body = self._lease(lease, transitions)
-            self.kube.replace(body, "leases")
-            return self._won(new=holder != self.identity)
+            renewing = holder == self.identity
+            transitions = int(spec.get("leaseTransitions") or 0) + (0 if renewing else 1)
+            acquired = spec.get("acquireTime") if renewing else None
+            self.kube.replace(self._lease(lease, transitions, acquired), "leases")
+            return self._won(new=not renewing)
         except KubeError as exc:
             if exc.status != 409:  # 409: another candidate wrote first; not an error
                 log.warning(

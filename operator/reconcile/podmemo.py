@@ -16,12 +16,15 @@ V = TypeVar("V")
 Obj = dict[str, Any]
 
 
+def pod_condition(pod: Obj, kind: str) -> bool:
+    """Whether the pod's condition `kind` (Ready, PodScheduled, ...) is True."""
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+
 def pod_ready(pod: Obj) -> bool:
     """Ready and not being deleted: a pod worth asking."""
-    if (pod.get("metadata") or {}).get("deletionTimestamp"):
-        return False
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return not (pod.get("metadata") or {}).get("deletionTimestamp") and pod_condition(pod, "Ready")
 
 
 def backoff(first: float, most: float, failures: int) -> float:

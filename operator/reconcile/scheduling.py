@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from pagoda.operator.api.workload import RolloutSpec
+from pagoda.operator.reconcile.podmemo import pod_condition
 from pagoda.operator.reconcile.pods import PodIssue
 from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
@@ -73,13 +75,14 @@ def unschedulable_issue(pods: list[Obj], spec: Obj | None = None) -> PodIssue | 
 def surge_blocked(pod: Obj, pods: list[Obj], spec: Obj) -> bool:
     """Whether `pod` is a new replica of a rollout that may not take an old one down first
     (spec.rollout.maxUnavailable 0): it waits for resources the old replicas hold, and the rollout with it."""
-    if str((spec.get("rollout") or {}).get("maxUnavailable", 0)) not in ("0", "0%"):
+    unavailable = (spec.get("rollout") or {}).get("maxUnavailable", RolloutSpec().max_unavailable)
+    if str(unavailable) not in ("0", "0%"):
         return False
     template = _template_hash(pod)
     return template is not None and any(
         _template_hash(other) not in (None, template)
         and not (other.get("metadata") or {}).get("deletionTimestamp")
-        and _scheduled(other)
+        and pod_condition(other, "PodScheduled")
         for other in pods
     )
 
@@ -92,11 +95,6 @@ def rollout_blocked(pod: str, summary: str) -> PodIssue:
         "spec.rollout.maxUnavailable to 1 and spec.rollout.maxSurge to 0 to replace replicas one at a time "
         "in place (one replica fewer while each restarts), or free GPUs",
     )
-
-
-def _scheduled(pod: Obj) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return any(c.get("type") == "PodScheduled" and c.get("status") == "True" for c in conditions)
 
 
 def _template_hash(pod: Obj) -> str | None:
