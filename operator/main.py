@@ -7,6 +7,7 @@ import asyncio
 import functools
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -19,6 +20,7 @@ from kubernetes import client, config
 
 from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL
+from pagoda.operator.api.network import NAMESPACE_PATTERN
 from pagoda.operator.handlers import MANAGED_BY_SELECTOR, WATCHED_KINDS, build_registry
 from pagoda.operator.reconcile.adapters import AdapterSync
 from pagoda.operator.reconcile.cache import ObjectCache
@@ -74,6 +76,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=os.environ.get("POD_NAME") or socket.gethostname(),
         help="this replica's name in the Lease, with a random suffix (default: $POD_NAME, else the host)",
     )
+    parser.add_argument(
+        "--allow-from-namespace",
+        action="append",
+        default=[],
+        metavar="NAMESPACE",
+        help="a namespace every InferenceService's NetworkPolicy admits (repeat it): the operator's own, for "
+        "its calls to the pods, and Prometheus's (resources/networkpolicy.py)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     if args.leader_elect is not None:
@@ -88,6 +98,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             )
         except ValueError as exc:
             parser.error(str(exc))
+    for namespace in args.allow_from_namespace:
+        if not re.fullmatch(NAMESPACE_PATTERN, namespace) or len(namespace) > 63:
+            parser.error(f"--allow-from-namespace: {namespace!r} is not a namespace name (a DNS label)")
+    args.allow_from_namespace = tuple(args.allow_from_namespace)
     if not 0 < args.metrics_port < 65536:
         parser.error(f"--metrics-port: {args.metrics_port} is not a TCP port (1-65535)")
     if args.workers < 1:
@@ -241,6 +255,7 @@ async def reconcile_all(
         capacity=capacity,
         adapters=AdapterSync(signer),
         management_key=signer.public_pem,
+        trusted_namespaces=args.allow_from_namespace,
     )
     metrics.LEADER.set(1)
     tasks += [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]

@@ -7,6 +7,7 @@ from .engine import ChatTemplate, ConfigMapKeyRef, EngineSpec
 from .errors import describe, error_messages, field_path
 from .lora import LoraAdapter, LoraSpec
 from .model import ModelCache, ModelSource
+from .network import NetworkPeer, NetworkPolicySpec
 from .restarts import RestartSchedule, RestartWindow
 from .routing import EndpointPickerSpec, GatewayRef, RoutingSpec
 from .rules import MSG_NAME
@@ -58,6 +59,8 @@ __all__ = [
     "CostSpec",
     "DisruptionSpec",
     "EndpointPickerSpec",
+    "NetworkPeer",
+    "NetworkPolicySpec",
     "EngineSpec",
     "EnvVar",
     "GatewayRef",

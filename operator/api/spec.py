@@ -9,6 +9,7 @@ from .cost import CostSpec
 from .engine import EngineSpec
 from .lora import LoraSpec
 from .model import ModelSource
+from .network import NetworkPolicySpec
 from .restarts import RestartSchedule
 from .routing import RoutingSpec
 from .rules import (
@@ -59,6 +60,10 @@ class InferenceServiceSpec(ApiModel):
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, description="The runtime container.")
     service: ServiceSpec = Field(default_factory=ServiceSpec, description="The Service.")
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, description="Metrics collection.")
+    network_policy: NetworkPolicySpec = Field(
+        default_factory=NetworkPolicySpec,
+        description="Who may connect to the pods (a NetworkPolicy; on by default, see docs/security.md).",
+    )
     restart_schedule: RestartSchedule | None = Field(
         default=None,
         description="Optional rolling restarts of every pod at an interval (vLLM's memory grows over a "

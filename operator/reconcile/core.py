@@ -155,13 +155,24 @@ def reconcile(
     capacity: CapacityReader | None = None,
     adapters: AdapterSync | None = None,
     management_key: str | None = None,
+    trusted_namespaces: tuple[str, ...] = (),
 ) -> Outcome:
     """One pass, counted in the operator's metrics. What it reads: see the module's docstring.
-    `management_key`: the operator's public key for the pods (resources/management.py)."""
+    `management_key`: the operator's public key for the pods (resources/management.py);
+    `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py)."""
     started = time.monotonic()
     try:
         outcome = _reconcile(
-            kube, namespace, name, now, cache, default_image, capacity, adapters, management_key
+            kube,
+            namespace,
+            name,
+            now,
+            cache,
+            default_image,
+            capacity,
+            adapters,
+            management_key,
+            trusted_namespaces,
         )
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
@@ -186,6 +197,7 @@ def _reconcile(
     capacity: CapacityReader | None = None,
     adapters: AdapterSync | None = None,
     management_key: str | None = None,
+    trusted_namespaces: tuple[str, ...] = (),
 ) -> Outcome:
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -200,7 +212,17 @@ def _reconcile(
     schedule = spec.restart_schedule if spec is not None else None
     restart = restarts.plan(schedule, live.get(("Deployment", name)), now())
     desired = (
-        desired_state(owner, spec, namespace, name, default_image, restart, chat_template, management_key)
+        desired_state(
+            owner,
+            spec,
+            namespace,
+            name,
+            default_image,
+            restart,
+            chat_template,
+            management_key,
+            trusted_namespaces,
+        )
         if spec is not None
         else None
     )
@@ -261,13 +283,17 @@ def desired_state(
     restart: restarts.RestartPlan | None = None,
     chat_template: str | None = None,
     management_key: str | None = None,
+    trusted_namespaces: tuple[str, ...] = (),
 ) -> list[Obj]:
     """The children the spec asks for, with owner references. Anything a builder raises is a bug (the spec
     was validated), and propagates: the work queue logs it with its traceback and retries with back-off.
     `chat_template`: the template read from spec.engine.chatTemplate.configMap (chattemplate.py);
-    `management_key`: the operator's public key for the pods (resources/management.py)."""
+    `management_key`: the operator's public key for the pods (resources/management.py);
+    `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py)."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
-    children = desired_children(name, namespace, spec, default_image, stamps, chat_template, management_key)
+    children = desired_children(
+        name, namespace, spec, default_image, stamps, chat_template, management_key, trusted_namespaces
+    )
     return [with_owner(manifest, owner) for manifest in children]
 
 

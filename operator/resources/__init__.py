@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
@@ -10,6 +11,7 @@ from .chattemplate import chat_template_config_map, chat_template_text
 from .deployment import NO_RESTART, RestartStamps, deployment
 from .management import management_config_map
 from .meta import labels, selector, selector_string, service_url
+from .networkpolicy import network_policies
 from .pdb import pod_disruption_budget
 from .pod import DEFAULT_RUNTIME_IMAGE
 from .routing import routing_children
@@ -24,6 +26,7 @@ CHILD_KINDS: list[tuple[str, str, str]] = [
     ("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets"),
     ("keda.sh/v1alpha1", "ScaledObject", "scaledobjects"),
     ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors"),
+    ("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies"),
     # spec.routing: the endpoint picker's identity, config and Service, the InferencePool, the HTTPRoute.
     ("v1", "ServiceAccount", "serviceaccounts"),
     ("rbac.authorization.k8s.io/v1", "Role", "roles"),
@@ -42,6 +45,7 @@ def desired_children(
     stamps: RestartStamps = NO_RESTART,
     chat_template: str | None = None,
     management_key: str | None = None,
+    trusted_namespaces: Iterable[str] = (),
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
@@ -53,10 +57,12 @@ def desired_children(
     operator read from the ConfigMap spec.engine.chatTemplate.configMap names (an inline one is in the spec).
     `management_key`: the operator's public key (PEM), in a ConfigMap before the Deployment whose pods mount
     it (resources/management.py); the operator always gives it, and without it the pods' management API
-    (the adapters) is off.
+    (the adapters) is off. `trusted_namespaces`: the namespaces the NetworkPolicies admit besides those the
+    spec names (the operator's, Prometheus's; resources/networkpolicy.py).
     """
     template = chat_template_text(spec, chat_template)
-    children: list[dict[str, Any]] = []
+    # The NetworkPolicies first: the pods are never up without them.
+    children = network_policies(name, namespace, spec, trusted_namespaces)
     if template is not None:
         children.append(chat_template_config_map(name, namespace, template))
     if management_key is not None:

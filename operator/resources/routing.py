@@ -48,7 +48,7 @@ def picker_selector(name: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": PICKER_NAME, PICKER_LABEL: name}
 
 
-def _picker_metadata(name: str, namespace: str) -> dict[str, Any]:
+def picker_metadata(name: str, namespace: str) -> dict[str, Any]:
     """The picker objects' metadata. Their labels include picker_selector's, so that the picker's
     ServiceMonitor, which selects Services by those, finds the picker's Service."""
     child_labels = {
@@ -137,7 +137,7 @@ def config_map(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[st
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": _picker_metadata(name, namespace),
+        "metadata": picker_metadata(name, namespace),
         "data": {CONFIG_FILE: render_config(spec)},
     }
 
@@ -230,7 +230,7 @@ def picker_deployment(name: str, namespace: str, spec: InferenceServiceSpec) -> 
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _picker_metadata(name, namespace),
+        "metadata": picker_metadata(name, namespace),
         "spec": body,
     }
 
@@ -247,14 +247,14 @@ def picker_service(name: str, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": _picker_metadata(name, namespace),
+        "metadata": picker_metadata(name, namespace),
         "spec": body,
     }
 
 
 def picker_service_monitor(name: str, namespace: str, monitor: ServiceMonitorSpec) -> dict[str, Any]:
     """The picker's metrics (its flow-control queue drives scaling from zero), scraped like the runtime's."""
-    meta = _picker_metadata(name, namespace)
+    meta = picker_metadata(name, namespace)
     meta["labels"] = {**monitor.labels, **meta["labels"]}
     body = {
         "selector": {"matchLabels": picker_selector(name)},
@@ -269,7 +269,7 @@ def picker_service_monitor(name: str, namespace: str, monitor: ServiceMonitorSpe
 
 
 def service_account(name: str, namespace: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _picker_metadata(name, namespace)}
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": picker_metadata(name, namespace)}
 
 
 # What the picker reads (GIE's chart: the pool, the pods, InferenceObjectives and InferenceModelRewrites).
@@ -288,7 +288,7 @@ def role(name: str, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
-        "metadata": _picker_metadata(name, namespace),
+        "metadata": picker_metadata(name, namespace),
         "rules": PICKER_RULES,
     }
 
@@ -297,7 +297,7 @@ def role_binding(name: str, namespace: str) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "RoleBinding",
-        "metadata": _picker_metadata(name, namespace),
+        "metadata": picker_metadata(name, namespace),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": picker_name(name)},
         "subjects": [{"kind": "ServiceAccount", "name": picker_name(name), "namespace": namespace}],
     }

@@ -32,6 +32,7 @@ def children(kube: Kube, namespace: str, name: str) -> dict[str, dict[str, Any]]
         ("v1", "services", "Service"),
         ("policy/v1", "poddisruptionbudgets", "PodDisruptionBudget"),
         ("keda.sh/v1alpha1", "scaledobjects", "ScaledObject"),
+        ("networking.k8s.io/v1", "networkpolicies", "NetworkPolicy"),
     ]:
         obj = kube.get(api_version, plural, namespace, name)
         if obj is not None:
@@ -46,10 +47,10 @@ def test_create_builds_children_and_reports_ready(
     found = wait_until(
         lambda: (
             (c := children(raw, namespace, "llm"))
-            and {"Deployment", "Service", "PodDisruptionBudget"} <= set(c)
+            and {"Deployment", "Service", "PodDisruptionBudget", "NetworkPolicy"} <= set(c)
             and c
         ),
-        "the Deployment, Service and PDB",
+        "the Deployment, Service, PDB and NetworkPolicy",
     )
     assert "ScaledObject" not in found  # fixed replicas: no autoscaler
     for kind, obj in found.items():
@@ -87,6 +88,10 @@ def test_create_builds_children_and_reports_ready(
     (port,) = service["spec"]["ports"]
     assert (port["name"], port["port"], port["targetPort"]) == ("http", 8000, "http")
     assert found["PodDisruptionBudget"]["spec"]["maxUnavailable"] == 1
+    # The NetworkPolicy (accepted by the real API server's validation) admits the runtime port only.
+    policy = found["NetworkPolicy"]["spec"]
+    assert policy["podSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    assert [rule["ports"] for rule in policy["ingress"]] == [[{"protocol": "TCP", "port": 8000}]]
 
     # Status: Ready once kwok's pods are Ready; everything the scale subresource and kubectl need.
     obj = wait_ready(kube, "llm", namespace)
@@ -106,7 +111,8 @@ def test_create_builds_children_and_reports_ready(
     events = client.CoreV1Api(cluster_api).list_namespaced_event(namespace).items
     messages = [e.message for e in events if e.involved_object.name == "llm" and e.reason == "Created"]
     assert messages == [
-        "Created ConfigMap llm-management, Deployment llm, Service llm, PodDisruptionBudget llm"
+        "Created NetworkPolicy llm, ConfigMap llm-management, Deployment llm, Service llm, "
+        "PodDisruptionBudget llm"
     ]
 
 
@@ -146,9 +152,31 @@ def test_delete_removes_children_by_garbage_collection(
 ) -> None:
     autoscaling = {"minReplicas": 1, "maxReplicas": 3, "metricsSource": "External"}
     create(kube, "gone", namespace, replicas=None, autoscaling=autoscaling)
-    wait_until(lambda: len(children(raw, namespace, "gone")) == 4, "all four children")
+    wait_until(lambda: len(children(raw, namespace, "gone")) == 5, "all five children")
     kube.delete_namespaced_custom_object("pagoda.dev", "v1alpha1", namespace, "inferenceservices", "gone")
     wait_until(
         lambda: not children(raw, namespace, "gone"), "the garbage collector to delete every child", 90
     )
     assert get(kube, "gone", namespace) is None
+
+
+def test_network_policy_opt_out_deletes_it_and_opting_in_brings_it_back(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
+) -> None:
+    create(kube, "open", namespace, replicas=1)
+
+    def policy() -> dict[str, Any] | None:
+        return raw.get("networking.k8s.io/v1", "networkpolicies", namespace, "open")
+
+    wait_until(policy, "the NetworkPolicy")
+    patch(kube, "open", namespace, {"networkPolicy": {"enabled": False}})
+    wait_until(lambda: policy() is None, "the operator to delete the NetworkPolicy")
+    assert raw.get("apps/v1", "deployments", namespace, "open") is not None  # nothing else went
+    allow = [{"namespace": "apps", "podLabels": {"app": "chat"}}]
+    patch(kube, "open", namespace, {"networkPolicy": {"enabled": True, "allowFrom": allow}})
+    back = wait_until(policy, "the NetworkPolicy again")
+    peers = back["spec"]["ingress"][0]["from"]
+    assert {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "apps"}},
+        "podSelector": {"matchLabels": {"app": "chat"}},
+    } in peers

@@ -37,3 +37,13 @@ def owner_object(spec: Obj) -> Obj:
         },
         "spec": spec,
     }
+
+
+def deployment_of(children: list[Obj]) -> Obj:
+    """The runtime Deployment among desired_children's manifests."""
+    [deployment] = [
+        c
+        for c in children
+        if c["kind"] == "Deployment" and "pagoda.dev/endpoint-picker" not in c["metadata"]["labels"]
+    ]
+    return deployment

@@ -324,6 +324,18 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         None,
     ),
     (
+        "network-policy-namespace-not-a-name",
+        _set("networkPolicy.allowFrom", [{"namespace": "Team_B"}]),
+        "spec.networkPolicy.allowFrom[0].namespace",
+        None,
+    ),
+    (
+        "network-policy-unknown-field",
+        _set("networkPolicy.allowFrom", [{"namespaces": ["team-b"]}]),
+        "spec.networkPolicy.allowFrom[0]",
+        None,
+    ),
+    (
         "prometheus-not-url",
         _set("autoscaling.prometheusAddress", "prometheus:9090"),
         "spec.autoscaling.prometheusAddress",

@@ -236,6 +236,8 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
         "--metrics-port=8080",
         "--management-key-secret=pagoda-system/pagoda-management-key",
         "--leader-elect=pagoda-system/pagoda-leader",
+        "--allow-from-namespace=pagoda-system",  # the operator's calls to the runtime pods
+        "--allow-from-namespace=monitoring",  # Prometheus's scrapes (networkPolicy.allowFromNamespaces)
     ]
     assert "resources" not in container, "no default resource requests or limits for the operator"
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]

@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from fakekube import deployment_of
 from pydantic import ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec, RestartSchedule, error_messages
@@ -309,11 +310,13 @@ def test_the_event_is_told_only_when_the_applied_template_carries_the_new_value(
 
 def test_the_builders_carry_the_annotations_only_when_given() -> None:
     spec = InferenceServiceSpec.model_validate(SPEC)
-    plain = desired_children("llm", "ns", spec)[0]
+    plain = deployment_of(desired_children("llm", "ns", spec))
     assert (
         "annotations" not in plain["metadata"] and "annotations" not in plain["spec"]["template"]["metadata"]
     )
-    stamped = desired_children("llm", "ns", spec, stamps=RestartStamps(NOW, "2026-11-30T00:00:00Z"))[0]
+    stamped = deployment_of(
+        desired_children("llm", "ns", spec, stamps=RestartStamps(NOW, "2026-11-30T00:00:00Z"))
+    )
     assert stamped["spec"]["template"]["metadata"]["annotations"] == {RESTARTED_AT_ANNOTATION: NOW}
     assert stamped["metadata"]["annotations"] == {RESTART_SCHEDULE_SINCE_ANNOTATION: "2026-11-30T00:00:00Z"}
     # Only the annotation differs: the template is otherwise the same.

@@ -83,18 +83,19 @@ def test_creation_writes_each_child_once_one_event_and_one_status_after_the_firs
     kube, cache = RecordingKube(), cache_with(OWNER)
     outcome = run_pass(kube, cache)
     assert kube.writes == [
+        ("apply", "NetworkPolicy"),
         ("apply", "Deployment"),
         ("apply", "Service"),
         ("apply", "PodDisruptionBudget"),
         ("create", "Event"),
     ]
-    assert outcome.result == "applied" and outcome.writes == 3  # the Event is not a write to a child
+    assert outcome.result == "applied" and outcome.writes == 4  # the Event is not a write to a child
     assert outcome.requeue_after == 10.0  # the first status is written by then at the latest
     (event,) = kube.events
     assert (event["type"], event["reason"], event["message"]) == (
         "Normal",
         "Created",
-        "Created Deployment llm, Service llm, PodDisruptionBudget llm",
+        "Created NetworkPolicy llm, Deployment llm, Service llm, PodDisruptionBudget llm",
     )
     assert event["involvedObject"]["uid"] == "uid-owner"
     # The next pass (the watch events of those writes) sees its own writes in the cache: nothing to do yet.
@@ -136,7 +137,7 @@ def test_a_pass_that_fails_half_way_still_names_what_it_changed() -> None:
     kube, cache = RecordingKube(fail_apply="Service"), cache_with(OWNER)
     with pytest.raises(OSError):
         run_pass(kube, cache)
-    assert [e["message"] for e in kube.events] == ["Created Deployment llm"]
+    assert [e["message"] for e in kube.events] == ["Created NetworkPolicy llm, Deployment llm"]
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ import itertools
 from typing import Any
 
 import pytest
+from fakekube import deployment_of
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources import CHILD_KINDS, desired_children, labels, selector, selector_string
@@ -225,7 +226,7 @@ def test_pvc_model_is_mounted_where_the_runtime_looks(all_examples: dict[str, di
 def test_builders_are_pure(llama_spec: dict[str, Any]) -> None:
     spec = InferenceServiceSpec.model_validate(llama_spec)
     first = desired_children("a", "b", spec)
-    first[0]["spec"]["template"]["spec"]["containers"][0]["args"].append("mutated")
+    deployment_of(first)["spec"]["template"]["spec"]["containers"][0]["args"].append("mutated")
     assert desired_children("a", "b", spec) != first
     assert desired_children("a", "b", spec) == desired_children("a", "b", spec)
 
@@ -234,9 +235,9 @@ def test_builders_are_pure(llama_spec: dict[str, Any]) -> None:
 def test_image_override(llama_spec: dict[str, Any], image: str | None) -> None:
     if image:
         llama_spec["runtime"] = {"image": image}
-    deployment = desired_children(
-        "a", "b", InferenceServiceSpec.model_validate(llama_spec), default_image="d:1"
-    )[0]
+    deployment = deployment_of(
+        desired_children("a", "b", InferenceServiceSpec.model_validate(llama_spec), default_image="d:1")
+    )
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (image or "d:1")
 
 

@@ -45,6 +45,7 @@ def test_routing_objects_only_with_spec_routing() -> None:
         ("Deployment", "tiny-epp"),
         ("Service", "tiny-epp"),
         ("ServiceMonitor", "tiny-epp"),
+        ("NetworkPolicy", "tiny-epp"),
     }
     assert ("InferencePool", "tiny") in routed
     assert ("HTTPRoute", "tiny") not in routed  # no gateway named
