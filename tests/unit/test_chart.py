@@ -2,7 +2,7 @@
 
 No cluster here: `helm lint` and `helm template` for every scenario under charts/pagoda/ci/, checked for the
 contracts of the chart (labels, RBAC without wildcards that covers every call the operator makes, CRDs
-identical to the generated ones, the keep switch, a strict schema, no default resource limits, commented
+identical to the generated ones, the keep switch, a strict schema, requests but no limits, commented
 values). The rendered manifests are validated by the real API server in e2e/test_chart.py.
 """
 
@@ -239,7 +239,8 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
         "--allow-from-namespace=pagoda-system",  # the operator's calls to the runtime pods
         "--allow-from-namespace=monitoring",  # Prometheus's scrapes (networkPolicy.allowFromNamespaces)
     ]
-    assert "resources" not in container, "no default resource requests or limits for the operator"
+    # Requests (a BestEffort operator starves on a busy node and misses its liveness probe), no limits.
+    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
