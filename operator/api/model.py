@@ -13,10 +13,12 @@ from .rules import (
     CACHE_RULES,
     MODEL_RULES,
     MSG_CACHE,
+    MSG_CACHE_SIZE,
     MSG_CACHE_STORAGE_CLASS,
     MSG_MODEL_REVISION,
     MSG_URI,
     URI_PATTERN,
+    ZERO_QUANTITY_PATTERN,
     validations,
 )
 
@@ -47,6 +49,8 @@ class ModelCache(ApiModel):
             raise ValueError(MSG_CACHE)
         if self.storage_class is not None and self.size is None:
             raise ValueError(MSG_CACHE_STORAGE_CLASS)
+        if self.size is not None and re.match(ZERO_QUANTITY_PATTERN, str(self.size)):
+            raise ValueError(MSG_CACHE_SIZE)
         return self
 
 

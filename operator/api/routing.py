@@ -13,7 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from .base import ApiModel, Quantity
+from .base import ApiModel, ObjectName, Quantity
+from .network import NamespaceName
 
 PICKER_VERSION = "v1.5.0"
 DEFAULT_PICKER_IMAGE = f"registry.k8s.io/gateway-api-inference-extension/epp:{PICKER_VERSION}"
@@ -49,12 +50,9 @@ class GatewayRef(ApiModel):
     """A Gateway (gateway.networking.k8s.io) that should route to this service: the operator adds an
     HTTPRoute whose backend is the InferencePool."""
 
-    name: str = Field(min_length=1, max_length=253, description="The Gateway's name.")
-    namespace: str | None = Field(
-        default=None,
-        min_length=1,
-        max_length=63,
-        description="The Gateway's namespace (default: the InferenceService's).",
+    name: ObjectName = Field(description="The Gateway's name.")
+    namespace: NamespaceName | None = Field(
+        default=None, description="The Gateway's namespace (default: the InferenceService's)."
     )
     hostnames: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
         default_factory=list,

@@ -27,6 +27,7 @@ OWNED_FLAG_PATTERN = owned_flag_pattern()
 MSG_URI = "spec.model.uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path"
 MSG_MODEL_REVISION = "spec.model.revision is a hub revision (branch, tag or commit): it needs an hf:// uri"
 MSG_CACHE = "spec.model.cache: set either pvc or size, not both"
+MSG_CACHE_SIZE = "spec.model.cache.size must be greater than 0"
 MSG_CACHE_STORAGE_CLASS = "spec.model.cache.storageClass requires spec.model.cache.size"
 MSG_EXTRA_ARGS = (
     f"spec.engine.extraArgs must not repeat flags the runtime sets itself ({', '.join(OWNED_FLAGS)}): "
@@ -43,6 +44,17 @@ MSG_SECRET_ENV = (
     "spec.runtime.env: HF_TOKEN, HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN and "
     "PAGODA_API_KEY must come from a Secret (valueFrom, model.credentialsSecret or runtime.apiKeySecret), "
     "never a literal value"
+)
+MSG_ENV_VALUE_AND_SOURCE = "spec.runtime.env[]: set value or valueFrom, not both"
+MSG_ENV_SOURCE = (
+    "spec.runtime.env[].valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef and "
+    "resourceFieldRef"
+)
+MSG_TOLERATION_KEY = "spec.scheduling.tolerations[]: a toleration without key needs operator Exists"
+MSG_TOLERATION_VALUE = "spec.scheduling.tolerations[]: a toleration with operator Exists takes no value"
+MSG_TOLERATION_SECONDS = "spec.scheduling.tolerations[]: tolerationSeconds needs effect NoExecute"
+MSG_ROLLOUT_ZERO = (
+    "spec.rollout: maxSurge and maxUnavailable cannot both be 0 (a rollout could then replace no pod)"
 )
 MSG_GPU_MEMORY = "spec.engine.gpuMemoryUtilization must be greater than 0 and at most 1"
 MSG_CHAT_TEMPLATE = "spec.engine.chatTemplate: set exactly one of inline and configMap"
@@ -109,9 +121,17 @@ MODEL_RULES = [
     rule(f"self.uri.matches('{URI_PATTERN}')", MSG_URI, ".uri"),
     rule("!has(self.revision) || self.uri.startsWith('hf://')", MSG_MODEL_REVISION, ".revision"),
 ]
+# A quantity of 0 written any way the quantity pattern allows (0, 0.0, .0Gi, 0e3, +0).
+ZERO_QUANTITY_PATTERN = r"^[+]?0*([.]0*)?([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)?$"
 CACHE_RULES = [
     rule("!(has(self.pvc) && has(self.size))", MSG_CACHE),
     rule("!has(self.storageClass) || has(self.size)", MSG_CACHE_STORAGE_CLASS, ".storageClass"),
+    rule(
+        "!has(self.size) || (type(self.size) == int ? self.size > 0"
+        f" : !self.size.matches('{ZERO_QUANTITY_PATTERN}'))",
+        MSG_CACHE_SIZE,
+        ".size",
+    ),
 ]
 ENGINE_RULES = [
     rule(
@@ -204,6 +224,40 @@ LORA_RULES = [
 RESTART_WINDOW_RULES = [rule("self.start != self.end", MSG_RESTART_WINDOW, ".end")]
 
 
+def _zero(field: str) -> str:
+    """CEL: the int-or-string `field` is 0 or 0%."""
+    return f"(type(self.{field}) == int ? self.{field} == 0 : self.{field}.matches('^0+%$'))"
+
+
+# The API server's own checks of a pod's toleration, at the InferenceService's admission instead of the
+# Deployment's (which the user would see only in the operator's status).
+TOLERATION_RULES = [
+    rule(
+        "has(self.key) || (has(self.operator) && self.operator == 'Exists')", MSG_TOLERATION_KEY, ".operator"
+    ),
+    rule(
+        "!(has(self.operator) && self.operator == 'Exists' && has(self.value))",
+        MSG_TOLERATION_VALUE,
+        ".value",
+    ),
+    rule(
+        "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        MSG_TOLERATION_SECONDS,
+        ".tolerationSeconds",
+    ),
+]
+
+# Defaults are not in the CRD: an absent maxSurge is 1, an absent maxUnavailable is 0 (RolloutSpec).
+ROLLOUT_RULES = [
+    rule(
+        f"!(has(self.maxSurge) && {_zero('maxSurge')}"
+        f" && (!has(self.maxUnavailable) || {_zero('maxUnavailable')}))",
+        MSG_ROLLOUT_ZERO,
+        ".maxSurge",
+    )
+]
+
+
 def validations(rules: list[JsonDict]) -> JsonDict:
     """A model's json_schema_extra carrying its CEL rules."""
     return {"x-kubernetes-validations": [*rules]}
@@ -214,7 +268,12 @@ ENV_RULES = [
         "!has(self.value) || !(self.name in [" + ", ".join(f"'{n}'" for n in SECRET_ENV_NAMES) + "])",
         MSG_SECRET_ENV,
         ".value",
-    )
+    ),
+    rule("!(has(self.value) && has(self.valueFrom))", MSG_ENV_VALUE_AND_SOURCE, ".valueFrom"),
+]
+_ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
+ENV_SOURCE_RULES = [
+    rule(" + ".join(f"(has(self.{s}) ? 1 : 0)" for s in _ENV_SOURCES) + " == 1", MSG_ENV_SOURCE),
 ]
 ROOT_RULES = [
     rule(

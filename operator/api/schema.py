@@ -108,7 +108,11 @@ def _any_of(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         }
         pattern = node.get("pattern") or next((b["pattern"] for b in branches if "pattern" in b), None)
         if pattern:
-            result["pattern"] = pattern
+            result["pattern"] = pattern  # applies to the string form
+        for key in ("maxLength", "minimum"):  # maxLength applies to the string form, minimum to the integer
+            bound = node.get(key, next((b[key] for b in branches if key in b), None))
+            if bound is not None:
+                result[key] = bound
         _describe(result, outer)
         return _ordered(result)
     if len(branches) != 1:

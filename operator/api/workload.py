@@ -8,9 +8,29 @@ from pydantic import ConfigDict, Field, model_validator
 
 from pagoda.runtime.contract import HTTP_PORT, PORT_NAME
 
-from .base import ApiModel, IntOrPercent, ObjectName, Quantity
-from .rules import ENV_RULES, MSG_SECRET_ENV, SECRET_ENV_NAMES, validations
+from .base import ApiModel, IntOrPercent, ObjectName, Quantity, is_zero
+from .rules import (
+    ENV_RULES,
+    ENV_SOURCE_RULES,
+    MSG_ENV_SOURCE,
+    MSG_ENV_VALUE_AND_SOURCE,
+    MSG_ROLLOUT_ZERO,
+    MSG_SECRET_ENV,
+    MSG_TOLERATION_KEY,
+    MSG_TOLERATION_SECONDS,
+    MSG_TOLERATION_VALUE,
+    ROLLOUT_RULES,
+    SECRET_ENV_NAMES,
+    TOLERATION_RULES,
+    validations,
+)
 
+_SUBDOMAIN = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+# A label or taint key: an optional DNS-subdomain prefix and a name of at most 63 characters.
+QUALIFIED_NAME_PATTERN = rf"^({_SUBDOMAIN}/)?{_NAME}$"
+# An extended resource: always domain/name (a bare name is a native resource: cpu, memory).
+EXTENDED_RESOURCE_PATTERN = rf"^{_SUBDOMAIN}/{_NAME}$"
 LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LabelMap = dict[
     Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
@@ -25,7 +45,8 @@ class GpuSpec(ApiModel):
         default="nvidia.com/gpu",
         min_length=1,
         max_length=253,
-        description="Extended resource name the device plugin advertises.",
+        pattern=EXTENDED_RESOURCE_PATTERN,
+        description="Extended resource name the device plugin advertises (domain/name, e.g. amd.com/gpu).",
     )
     product: str | None = Field(
         default=None,
@@ -54,19 +75,39 @@ class ResourcesSpec(ApiModel):
 class Toleration(ApiModel):
     """A pod toleration (core/v1 Toleration)."""
 
+    model_config = ConfigDict(json_schema_extra=validations(TOLERATION_RULES))
+
     key: str | None = Field(
-        default=None, max_length=317, description="Taint key; empty with Exists matches all."
+        default=None,
+        max_length=317,
+        pattern=QUALIFIED_NAME_PATTERN,
+        description="Taint key; empty with Exists matches all.",
     )
     operator: Literal["Exists", "Equal"] | None = Field(
         default=None, description="Exists or Equal (default)."
     )
-    value: str | None = Field(default=None, max_length=253, description="Taint value for operator Equal.")
+    value: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=LABEL_VALUE_PATTERN,
+        description="Taint value for operator Equal.",
+    )
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         default=None, description="Taint effect to match; empty matches all."
     )
     toleration_seconds: int | None = Field(
         default=None, description="How long a NoExecute taint is tolerated before eviction."
     )
+
+    @model_validator(mode="after")
+    def _as_the_api_server_checks(self) -> Toleration:
+        if self.key is None and self.operator != "Exists":
+            raise ValueError(MSG_TOLERATION_KEY)
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError(MSG_TOLERATION_VALUE)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError(MSG_TOLERATION_SECONDS)
+        return self
 
 
 class SchedulingSpec(ApiModel):
@@ -98,6 +139,58 @@ class SecretKeyRef(ApiModel):
     key: str = Field(default="api-key", min_length=1, max_length=253, description="Key within the Secret.")
 
 
+class KeyRef(ApiModel):
+    """A key of a Secret or ConfigMap in the same namespace."""
+
+    name: ObjectName = Field(description="The object's name.")
+    key: str = Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$", description="The key.")
+    optional: bool | None = Field(default=None, description="Start even when the object or key is missing.")
+
+
+class FieldRef(ApiModel):
+    """A field of the pod (the downward API)."""
+
+    field_path: str = Field(
+        max_length=253,
+        pattern=rf"^(metadata\.(name|namespace|uid|(labels|annotations)\['({_SUBDOMAIN}/)?{_NAME}'\])"
+        r"|spec\.(nodeName|serviceAccountName)|status\.(hostIP|hostIPs|podIP|podIPs))$",
+        description="e.g. metadata.name, metadata.labels['app'], status.podIP.",
+    )
+
+
+class ResourceFieldRef(ApiModel):
+    """A resource request or limit of the runtime container."""
+
+    resource: Literal[
+        "limits.cpu",
+        "limits.memory",
+        "limits.ephemeral-storage",
+        "requests.cpu",
+        "requests.memory",
+        "requests.ephemeral-storage",
+    ] = Field(description="The request or limit.")
+
+
+class EnvVarSource(ApiModel):
+    """Where an environment variable's value comes from (core/v1 EnvVarSource): exactly one source."""
+
+    model_config = ConfigDict(json_schema_extra=validations(ENV_SOURCE_RULES))
+
+    secret_key_ref: KeyRef | None = Field(default=None, description="A key of a Secret.")
+    config_map_key_ref: KeyRef | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: FieldRef | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldRef | None = Field(
+        default=None, description="A request or limit of the container."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> EnvVarSource:
+        sources = (self.secret_key_ref, self.config_map_key_ref, self.field_ref, self.resource_field_ref)
+        if sum(source is not None for source in sources) != 1:
+            raise ValueError(MSG_ENV_SOURCE)
+        return self
+
+
 class EnvVar(ApiModel):
     """An environment variable of the runtime container."""
 
@@ -107,17 +200,17 @@ class EnvVar(ApiModel):
         min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Name."
     )
     value: str | None = Field(default=None, max_length=32768, description="Literal value.")
-    value_from: dict[str, Any] | None = Field(
+    value_from: EnvVarSource | None = Field(
         default=None,
-        description="Source of the value (core/v1 EnvVarSource: secretKeyRef, configMapKeyRef, "
-        "fieldRef, ...).",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        description="Source of the value: secretKeyRef, configMapKeyRef, fieldRef or resourceFieldRef.",
     )
 
     @model_validator(mode="after")
     def _no_literal_secret(self) -> EnvVar:
         if self.value is not None and self.name in SECRET_ENV_NAMES:
             raise ValueError(MSG_SECRET_ENV)
+        if self.value is not None and self.value_from is not None:
+            raise ValueError(MSG_ENV_VALUE_AND_SOURCE)
         return self
 
 
@@ -209,9 +302,17 @@ class DisruptionSpec(ApiModel):
 class RolloutSpec(ApiModel):
     """The Deployment's rolling update."""
 
+    model_config = ConfigDict(json_schema_extra=validations(ROLLOUT_RULES))
+
     max_surge: IntOrPercent = Field(
         default=1, description="Extra replicas during a rollout (each needs its GPUs; 0 to roll in place)."
     )
     max_unavailable: IntOrPercent = Field(
         default=0, description="Replicas that may be unavailable during a rollout."
     )
+
+    @model_validator(mode="after")
+    def _can_replace(self) -> RolloutSpec:
+        if is_zero(self.max_surge) and is_zero(self.max_unavailable):
+            raise ValueError(MSG_ROLLOUT_ZERO)
+        return self

@@ -161,6 +161,10 @@ RULE_BREAKERS: list[tuple[str, dict[str, Any]]] = [
         {"lora": {"adapters": [{"name": "a", "uri": "hf://o/a"}, {"name": "b", "uri": "hf://o/b"}]}},
     ),
     ("lora-cpu-below-gpu", {"lora": {"maxLoras": 2, "maxCpuLoras": 1}}),
+    ("rollout-replaces-no-pod", {"rollout": {"maxSurge": 0}}),
+    ("cache-size-zero", {"model": {"cache": {"size": "0Gi"}}}),
+    ("cache-size-zero-int", {"model": {"cache": {"size": 0}}}),
+    ("toleration-without-key", {"scheduling": {"tolerations": [{"operator": "Equal", "value": "v"}]}}),
     (
         "restart-window-empty",
         {"restartSchedule": {"every": "1h", "window": {"start": "03:00", "end": "03:00"}}},

@@ -324,6 +324,54 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         None,
     ),
     (
+        "toleration-without-key-or-exists",  # found by tests/integration/test_admission_properties.py
+        _set("scheduling.tolerations", [{"effect": "NoSchedule"}]),
+        "spec.scheduling.tolerations",
+        r.MSG_TOLERATION_KEY,
+    ),
+    (
+        "toleration-seconds-without-no-execute",
+        _set("scheduling.tolerations", [{"key": "k", "operator": "Exists", "tolerationSeconds": 5}]),
+        "spec.scheduling.tolerations",
+        r.MSG_TOLERATION_SECONDS,
+    ),
+    (
+        "cache-size-zero",  # found by tests/integration/test_admission_properties.py
+        _set("model.cache", {"size": "0.0Gi", "storageClass": "fast"}),
+        "spec.model.cache",
+        r.MSG_CACHE_SIZE,
+    ),
+    (
+        "rollout-that-replaces-no-pod",  # found by tests/integration/test_admission_properties.py
+        _set("rollout", {"maxSurge": "0%", "maxUnavailable": 0}),
+        "spec.rollout",
+        r.MSG_ROLLOUT_ZERO,
+    ),
+    (
+        "gateway-namespace-not-a-name",  # found by tests/integration/test_admission_properties.py
+        _set("routing", {"gateway": {"name": "inference", "namespace": "Gateways"}}),
+        "spec.routing.gateway.namespace",
+        None,
+    ),
+    (
+        "negative-cpu",  # found by tests/integration/test_admission_properties.py
+        _set("resources.cpu", "-1"),
+        "spec.resources.cpu",
+        None,
+    ),
+    (
+        "pdb-count-as-string",  # found by tests/integration/test_admission_properties.py
+        _set("disruption.maxUnavailable", "2"),
+        "spec.disruption.maxUnavailable",
+        None,
+    ),
+    (
+        "gpu-resource-name-without-domain",  # found by tests/integration/test_admission_properties.py
+        _set("resources.gpu.resourceName", "gpu"),
+        "spec.resources.gpu.resourceName",
+        None,
+    ),
+    (
         "network-policy-namespace-not-a-name",
         _set("networkPolicy.allowFrom", [{"namespace": "Team_B"}]),
         "spec.networkPolicy.allowFrom[0].namespace",
