@@ -38,6 +38,7 @@ REAL_NODE_BINARIES = (
     "ctr",
     "kubelet",
     "kube-proxy",
+    "kube-network-policies",
     "coredns",
     "registry",
     "cni/bridge",

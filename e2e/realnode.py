@@ -2,9 +2,11 @@
 bridge, host-local and loopback plugins, and kubelet and kube-proxy from the pinned Kubernetes, all built by
 e2e/tools/build.sh. Its pods run from OCI images pulled from the local registry (e2e/registry.py), with
 their securityContext and resource limits enforced by runc and the kernel; Services work through
-kube-proxy (nftables mode) and their names resolve through CoreDNS (e2e/clusterdns.py). Only the GPU is
-simulated: the node advertises `nvidia.com/gpu` as a node-level extended resource (the one fake), so that
-Pagoda's GPU pods schedule here unchanged.
+kube-proxy (nftables mode), their names resolve through CoreDNS (e2e/clusterdns.py), and NetworkPolicies are
+enforced by kube-network-policies (SIG Network's agent, e2e/tools/netpol: the first packet of each connection
+to a pod goes to it through NFQUEUE). Only the GPU is simulated: the node
+advertises `nvidia.com/gpu` as a node-level extended resource (the one fake), so that Pagoda's GPU pods
+schedule here unchanged.
 
     network = NodeNetwork.create()        # before kube-apiserver, which serves on network.address
     node = RealNode.start(cluster, launcher, network, registry, deadline)
@@ -20,8 +22,9 @@ No packet leaves the machine:
 - containerd sends every registry (its catch-all `_default` host) to the local registry, so a missing image
   fails at once with ErrImagePull instead of a lookup elsewhere.
 
-One real node per machine at a time: kube-proxy's nftables table has a fixed name, so a second node's
-kube-proxy would rewrite the first one's. `NodeNetwork.create` refuses with the owner's workdir.
+One real node per machine at a time: kube-proxy's and kube-network-policies' nftables tables (and the
+latter's NFQUEUE number) are fixed, so a second node's would rewrite the first one's. `NodeNetwork.create`
+refuses with the owner's workdir.
 
 Names share the prefix `pgk` (links) and `pagoda-node-` (cgroups, nftables), with the node's id; a record
 per node in RUN_DIR lets `sweep()` remove what a node whose processes died left behind.
@@ -64,7 +67,36 @@ CNI_NETWORK = "pagoda"
 # without /usr/sbin it leaves the host's iptables alone. kube-proxy (nftables mode) and runc are named
 # by absolute path or need nothing from there.
 KUBELET_PATH = "/usr/local/bin:/usr/bin:/bin"
-NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy", "coredns")
+NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy", "kube-network-policies", "coredns")
+# kube-network-policies' nftables tables: its controller's (inet; it cannot install it on a kernel without
+# nftables' queue expression), and the one our main (e2e/tools/netpol) queues with the xtables target instead
+# (ip); and its client certificate's name.
+NETPOL_TABLES = (("inet", "kube-network-policies"), ("ip", "pagoda-netpol-queue"))
+NETPOL_USER = "system:kube-network-policies"
+# What its informers read: pods (their labels and IPs), namespaces (their labels) and the policies. No Node
+# informer: upstream's main makes one only for the admin network policies, which the harness does not enable.
+NETPOL_RBAC: list[dict[str, Any]] = [
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": NETPOL_USER},
+        "rules": [
+            {"apiGroups": [""], "resources": ["pods", "namespaces"], "verbs": ["get", "list", "watch"]},
+            {
+                "apiGroups": ["networking.k8s.io"],
+                "resources": ["networkpolicies"],
+                "verbs": ["get", "list", "watch"],
+            },
+        ],
+    },
+    {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": NETPOL_USER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NETPOL_USER},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": NETPOL_USER}],
+    },
+]
 
 
 class NodeError(RuntimeError):
@@ -126,7 +158,7 @@ class NodeNetwork:
         for other in _records():
             raise NodeError(
                 f"A real node already runs on this machine (workdir {other.workdir}, owner pid "
-                f"{other.owner_pid}); one at a time (kube-proxy's nftables table has a fixed name). Stop it "
+                f"{other.owner_pid}); one at a time (its nftables tables have fixed names). Stop it "
                 "first (`make cluster-down` for the one of `make cluster-up`)."
             )
         net = cls(uuid.uuid4().hex[:6], str(podnet.free_subnet()), str(workdir), os.getpid())
@@ -399,7 +431,7 @@ class RealNode:
         cls, workdir: Path, bin_dir: Path, network: NodeNetwork, pki: _pki.Pki, server: str, registry: str
     ) -> tuple[RealNode, dict[str, list[str]]]:
         """Writes every configuration file; returns the node and each component's arguments, in start
-        order (containerd, kubelet, kube-proxy)."""
+        order (NODE_COMPONENTS)."""
         paths = NodePaths.under(workdir)
         for sub in ("containerd/certs.d/_default", "cni", "cni-ipam", "kubelet", "pod-logs"):
             (paths.root / sub).mkdir(parents=True, exist_ok=True)
@@ -450,7 +482,19 @@ class RealNode:
             cert=root / "coredns.crt",
             key=root / "coredns.key",
         )
-        kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics, dns_health, dns_ready = free_ports(6)
+        _pki.issue_leaf(
+            pki, root / "kube-network-policies.crt", root / "kube-network-policies.key", NETPOL_USER
+        )
+        _procs.write_kubeconfig(
+            root / "kube-network-policies.kubeconfig",
+            server,
+            pki,
+            user=NETPOL_USER,
+            cert=root / "kube-network-policies.crt",
+            key=root / "kube-network-policies.key",
+        )
+        ports = free_ports(7)
+        kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics, dns_health, dns_ready, np_port = ports
         (root / "Corefile").write_text(
             clusterdns.corefile(network.address, root / "coredns.kubeconfig", dns_health, dns_ready)
         )
@@ -476,12 +520,27 @@ class RealNode:
                 "--v=1",
             ],
             "kube-proxy": [f"--config={root / 'kube-proxy.yaml'}", "--v=1"],
+            "kube-network-policies": [
+                f"--kubeconfig={root / 'kube-network-policies.kubeconfig'}",
+                f"--hostname-override={NODE_NAME}",
+                f"--metrics-bind-address=127.0.0.1:{np_port}",
+                # NRI stays on, as upstream runs it: with it off, v0.8.0 looks an address that is no
+                # known pod's up in a nil plugin. containerd's NRI is off here (_containerd_config), so
+                # the plugin's dial fails once and the pod IPs come from the API server.
+                "--fail-open=false",  # new connections to pods drop while no agent answers the queue
+                # This kernel lacks nftables' queue expression (CONFIG_NFT_QUEUE), which the controller's own
+                # table needs: our main queues with the xtables NFQUEUE target instead (e2e/tools/netpol).
+                f"--xt-queue-cidr={network.subnet}",
+                "--v=1",
+            ],
             "coredns": [f"-conf={root / 'Corefile'}"],
         }
         node = cls(network, paths, bin_dir)
         node.healthz = {
             "kubelet": f"http://127.0.0.1:{kubelet_healthz}/healthz",
             "kube-proxy": f"http://127.0.0.1:{proxy_healthz}/healthz",
+            # Our main's (e2e/tools/netpol): once its informers synced; it programs its table right after.
+            "kube-network-policies": f"http://127.0.0.1:{np_port}/readyz",
             "coredns": f"http://127.0.0.1:{dns_ready}/ready",  # once it has listed Services
         }
         return node, args
@@ -495,13 +554,12 @@ def start(
     registry: str,
     deadline: float,
 ) -> RealNode:
-    """Starts containerd, kubelet, kube-proxy and CoreDNS for `network`, waits until the node is Ready and
-    names resolve, and advertises its (fake) GPUs. Their PIDs go into cluster.pids like every other
-    component's."""
+    """Starts containerd, kubelet, kube-proxy, kube-network-policies and CoreDNS for `network`, waits until
+    the node is Ready and names resolve, and advertises its (fake) GPUs. Their PIDs go into cluster.pids like
+    every other component's."""
     node, args = RealNode.configure(cluster.workdir, cluster.bin_dir, network, pki, cluster.server, registry)
-    cluster.kubectl(
-        "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": clusterdns.RBAC})
-    )
+    rbac = [*clusterdns.RBAC, *NETPOL_RBAC]
+    cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
     env = {
         # containerd finds its shim next to itself; kubelet sees no iptables (KUBELET_PATH).
         "containerd": {**os.environ, "PATH": f"{cluster.bin_dir}:{os.environ.get('PATH', '')}"},
@@ -617,6 +675,10 @@ def teardown(net: NodeNetwork, bin_dir: Path | None = None) -> None:
     else:
         for family in ("ip", "ip6"):
             run("nft", "delete", "table", family, "kube-proxy", check=False)
+    # kube-network-policies deletes its tables on SIGTERM; a killed one leaves them, and their NFQUEUE rules
+    # would then drop new connections to pods (no agent answers the queue).
+    for family, table in NETPOL_TABLES:
+        run("nft", "delete", "table", family, table, check=False)
     for result in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*"):
         result.unlink(missing_ok=True)  # containerd's CNI library caches results here whatever its config
     # containerd's content store and unpacked layers: about 10 GB once the runtime image was pulled, and
@@ -702,7 +764,8 @@ def pod_cgroups(net: NodeNetwork, uid: str) -> list[Path]:
 
 def leftovers(net: NodeNetwork) -> list[str]:
     """What of `net`'s node is still on this machine (empty after a clean teardown): processes naming its
-    folders, mounts below them, its cgroups, links, nftables tables (its own and kube-proxy's), routes."""
+    folders, mounts below them, its cgroups, links, nftables tables (its own, kube-proxy's and
+    kube-network-policies'), routes."""
     root = str(NodePaths.under(Path(net.workdir)).root)
     found = []
     for proc in Path("/proc").iterdir():
@@ -724,7 +787,8 @@ def leftovers(net: NodeNetwork) -> list[str]:
     links = {str(link.get("ifname", "")) for link in podnet.links()}
     found += [f"link {name}" for name in (net.bridge, net.sink) if name in links]
     tables = run("nft", "list", "tables").stdout.split("\n")
-    found += [f"nftables {t.strip()}" for t in tables if net.table in t or t.strip().endswith(" kube-proxy")]
+    others = (" kube-proxy", *(f"{family} {table}" for family, table in NETPOL_TABLES))
+    found += [f"nftables {t.strip()}" for t in tables if net.table in t or t.strip().endswith(others)]
     routes = run("ip", "route", "show", SERVICE_RANGE).stdout.strip()
     if routes:
         found.append(f"route {routes}")

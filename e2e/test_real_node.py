@@ -260,6 +260,70 @@ def test_runtime_image_serves_chat_through_its_service(
     assert look.returncode != 0 and "No such file or directory" in look.stderr, look.stderr
 
 
+# Run in a pod: prints the HTTP status of a GET, or the name of the error (a dropped SYN: a timeout).
+PROBE = """
+import sys, urllib.request
+try:
+    with urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])) as answer:
+        print(answer.status)
+except Exception as exc:
+    print(type(exc).__name__)
+"""
+PROBE_TIMEOUT_S = 3.0
+
+
+def _probe(cluster: Cluster, namespace: str, pod: str, url: str) -> str:
+    argv = ["exec", "-n", namespace, pod, "--", "python", "-c", PROBE, url, str(PROBE_TIMEOUT_S)]
+    return str(cluster.kubectl(*argv).stdout.strip())
+
+
+def test_network_policy_admits_the_own_namespace_and_refuses_others(
+    cluster: Cluster, release: str, served: dict[str, Any]
+) -> None:
+    """The service's NetworkPolicy, enforced by kube-network-policies on the node: the operator's pod (the
+    service's namespace) reaches the runtime pod; a pod of another namespace, which reaches the operator's
+    metrics Service, is refused at the runtime port until spec.networkPolicy.allowFrom names its namespace."""
+    runtime = f"http://{served['status']['podIP']}:{HTTP_PORT}/health"
+    operator = _operator_pod(cluster, release)
+    assert _probe(cluster, release, operator["metadata"]["name"], runtime) == "200"
+
+    outsider = f"outsider-{uuid.uuid4().hex[:6]}"
+    image = operator["spec"]["containers"][0]["image"]  # on the node already, and it has Python
+    client = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "client", "namespace": outsider},
+        "spec": {
+            "containers": [
+                {"name": "c", "image": image, "command": ["python", "-c", "import time; time.sleep(3600)"]}
+            ],
+            "terminationGracePeriodSeconds": 0,
+        },
+    }
+    cluster.kubectl("create", "namespace", outsider)
+    try:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(client))
+        cluster.kubectl("wait", "--for=condition=Ready", "pod/client", "-n", outsider, "--timeout=120s")
+        metrics = f"http://{FULLNAME}-metrics.{release}.svc:8080/healthz"
+        assert _probe(cluster, outsider, "client", metrics) == "200"  # its network works: no policy there
+        assert _probe(cluster, outsider, "client", runtime) in ("URLError", "TimeoutError")
+        allow = {"spec": {"networkPolicy": {"allowFrom": [{"namespace": outsider}]}}}
+        cluster.kubectl(
+            "patch", "inferenceservice", SERVICE, "-n", release, "--type=merge", "-p", json.dumps(allow)
+        )
+        wait_until(
+            lambda: _probe(cluster, outsider, "client", runtime) == "200",
+            "the pod of the allowed namespace to reach the runtime",
+            timeout=60,
+        )
+    finally:
+        revert = {"spec": {"networkPolicy": None}}
+        cluster.kubectl(
+            "patch", "inferenceservice", SERVICE, "-n", release, "--type=merge", "-p", json.dumps(revert)
+        )
+        cluster.kubectl("delete", "namespace", outsider, "--wait=false", check=False)
+
+
 def test_make_release_publishes_what_the_chart_installs(cluster: Cluster) -> None:
     """`make release` to a registry (here the local one, under a path of its own): the images under
     PREFIX/<name>:<version>, each manifest the one `make release` says it pushed, and a chart whose default

@@ -7,8 +7,9 @@
 # model-source test (minio/go.mod), KEDA's operator and metrics adapter (keda/go.mod), kube-state-metrics
 # (kube-state-metrics/go.mod) and the Gateway API Inference Extension's endpoint picker (gie/go.mod), Argo CD's
 # application controller and repo server (argocd/go.mod: one small main, built with the Go toolchain its go.mod
-# names), CoreDNS for the real node's cluster DNS (coredns/go.mod: a small main with the plugins it uses), the e2e
-# add-ons, actionlint (actionlint/go.mod: `make lint` checks .github/workflows with it), and
+# names), CoreDNS for the real node's cluster DNS (coredns/go.mod: a small main with the plugins it uses),
+# kube-network-policies for the real node's NetworkPolicies (netpol/go.mod: a small main that takes a kubeconfig),
+# the e2e add-ons, actionlint (actionlint/go.mod: `make lint` checks .github/workflows with it), and
 # dashboard-lint (dashboard-lint/go.mod: checks the chart's Grafana dashboards
 # against Grafana's schema, for the unit tests).
 # Copies the third-party CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the
@@ -18,12 +19,12 @@
 #
 # OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd,
 # kwok, helm, containerd, containerd-shim-runc-v2, ctr, cni/{bridge,host-local,loopback}, registry, minio,
-# keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), coredns, dashboard-lint,
-# actionlint and crds/*.yaml; all static (CGO_ENABLED=0). Incremental per step: OUTDIR/.stamps/<step> holds a hash
-# of what the step builds from (its module's go.mod, go.sum and main.go, the step's function and arguments); a
-# step whose stamp matches and whose outputs exist is skipped. So a new or re-pinned tool builds only itself when
-# OUTDIR holds the previous build (the Makefile seeds it from the last cached build), and Go's module and build
-# caches make even a changed step incremental.
+# keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), coredns,
+# kube-network-policies, dashboard-lint, actionlint and crds/*.yaml; all static (CGO_ENABLED=0). Incremental per
+# step: OUTDIR/.stamps/<step> holds a hash of what the step builds from (its module's go.mod, go.sum and main.go,
+# the step's function and arguments); a step whose stamp matches and whose outputs exist is skipped. So a new or
+# re-pinned tool builds only itself when OUTDIR holds the previous build (the Makefile seeds it from the last cached
+# build), and Go's module and build caches make even a changed step incremental.
 set -euo pipefail
 
 CONTAINERD_MODULE=github.com/containerd/containerd/v2
@@ -34,6 +35,7 @@ KSM_MODULE=k8s.io/kube-state-metrics/v2
 GIE_MODULE=sigs.k8s.io/gateway-api-inference-extension
 ARGOCD_MODULE=github.com/argoproj/argo-cd/v3
 COREDNS_MODULE=github.com/coredns/coredns
+NETPOL_MODULE=sigs.k8s.io/kube-network-policies
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
 PROMOP_VERSION=v0.85.0
 
@@ -82,6 +84,7 @@ argocd_toolchain="$(sed -n 's/^toolchain //p' argocd/go.mod)"
 argocd_go() { GOTOOLCHAIN="$argocd_toolchain" go -C "$here/argocd" "$@"; }
 argocd_version="$(argocd_go list -m -f '{{.Version}}' "$ARGOCD_MODULE")"
 coredns_version="$(go -C coredns list -m -f '{{.Version}}' "$COREDNS_MODULE")"
+netpol_version="$(go -C netpol list -m -f '{{.Version}}' "$NETPOL_MODULE")"
 k8s_minor="$(cut -d. -f2 <<<"$k8s_version")"
 k8s_x=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -193,6 +196,10 @@ build_coredns() {
     (cd "$here/coredns" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/coredns" .)
 }
 
+build_netpol() {
+    (cd "$here/netpol" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/kube-network-policies" .)
+}
+
 build_actionlint() {
     local version
     version="$(go -C "$here/actionlint" list -m -f '{{.Version}}' github.com/rhysd/actionlint)"
@@ -260,6 +267,8 @@ step epp gie epp "build epp ($GIE_MODULE $gie_version, module gie/)" build_epp
 step argocd argocd "argocd git-verify-wrapper.sh" \
     "build argocd: application-controller, repo-server ($ARGOCD_MODULE $argocd_version, module argocd/)" build_argocd
 step coredns coredns coredns "build coredns ($COREDNS_MODULE $coredns_version, module coredns/)" build_coredns
+step netpol netpol kube-network-policies \
+    "build kube-network-policies ($NETPOL_MODULE $netpol_version, module netpol/)" build_netpol
 step dashboard-lint dashboard-lint dashboard-lint \
     "build dashboard-lint (github.com/grafana/grafana-foundation-sdk/go, module dashboard-lint/)" build_dashboard_lint
 step actionlint actionlint actionlint "build actionlint (github.com/rhysd/actionlint, module actionlint/)" \
