@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RUNTIME, RuntimeProcess  # noqa: E402
+from rt_harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RUNTIME, RuntimeProcess  # noqa: E402
 
 from pagoda.runtime.tinymodel import CHAT_TEMPLATE  # noqa: E402
 

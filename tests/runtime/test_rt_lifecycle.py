@@ -12,7 +12,7 @@ import httpx
 import openai
 import psutil
 import pytest
-from harness import RuntimeProcess, wait_until
+from rt_harness import RuntimeProcess, wait_until
 
 pytestmark = pytest.mark.runtime
 

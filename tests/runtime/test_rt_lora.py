@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from harness import ENGINE_FLAGS, RuntimeProcess, wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from rt_harness import ENGINE_FLAGS, RuntimeProcess, wait_until
 
 from pagoda.runtime import management
 from pagoda.runtime.tinyadapter import TinyAdapterSpec, make_tiny_adapter

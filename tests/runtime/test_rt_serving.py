@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RuntimeProcess, wait_until
 from prometheus_client.parser import text_string_to_metric_families
+from rt_harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RuntimeProcess, wait_until
 
 pytestmark = pytest.mark.runtime
 

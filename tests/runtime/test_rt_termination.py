@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from harness import RuntimeProcess
+from rt_harness import RuntimeProcess
 
 pytestmark = pytest.mark.runtime
 
