@@ -40,6 +40,7 @@ SPEC: dict[str, Any] = {
     "replicas": 1,
 }
 PLURALS = {kind: plural for _, kind, plural in CHILD_KINDS}
+COUNTED_KINDS = ("Deployment", "Service", "PodDisruptionBudget")  # every service has one of each
 Check = Callable[[dict[str, Any]], bool]
 GPUS_PER_NODE = 8
 
@@ -188,7 +189,7 @@ def children_count(kube: Kube, namespace: str) -> int:
     three full lists every half second."""
     total = 0
     for api_version, kind, plural in CHILD_KINDS:
-        if kind in ("ScaledObject", "ServiceMonitor"):
+        if kind not in COUNTED_KINDS:
             continue
         page = kube._call("GET", resource_path(api_version, plural, namespace), query=[("limit", "1")])
         total += len(page.get("items") or []) + int(page["metadata"].get("remainingItemCount") or 0)
