@@ -8,14 +8,14 @@ from pydantic import Field
 
 from .base import ApiModel
 
-ConditionType = Literal["Ready", "Progressing", "Degraded"]
-CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded")
+ConditionType = Literal["Ready", "Progressing", "Degraded", "DisruptionTolerant"]
+CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "DisruptionTolerant")
 
 
 class Condition(ApiModel):
     """One condition, as in metav1.Condition."""
 
-    type: str = Field(max_length=316, description="Ready, Progressing or Degraded.")
+    type: str = Field(max_length=316, description="Ready, Progressing, Degraded or DisruptionTolerant.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(max_length=1024, description="CamelCase reason for the last transition.")
     message: str = Field(default="", max_length=32768, description="Human-readable detail.")
@@ -109,7 +109,7 @@ class InferenceServiceStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=8,
-        description="Ready, Progressing and Degraded.",
+        description="Ready, Progressing, Degraded and DisruptionTolerant.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")

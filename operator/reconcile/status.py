@@ -1,4 +1,5 @@
-"""Pure functions: the InferenceService status (conditions Ready, Progressing, Degraded) from what was seen.
+"""Pure functions: the InferenceService status (conditions Ready, Progressing, Degraded, DisruptionTolerant)
+from what was seen.
 
 No I/O. `compute_status` takes the owner, the live Deployment (or None), the service's pods and the problems
 found during the pass, and returns the complete status. A condition keeps its lastTransitionTime unless its
@@ -61,6 +62,7 @@ def compute_status(
         ready_condition(deployment, problems, stop, routed=bool(spec.get("routing"))),
         progressing_condition(deployment, problems),
         degraded_condition(deployment, problems, stop),
+        disruption_condition(deployment, spec),
     ]
     status: Obj = {
         "observedGeneration": generation,
@@ -192,6 +194,54 @@ def degraded_condition(
     if stop is not None:
         return Condition("Degraded", True, stop.reason, stop.message)
     return Condition("Degraded", False, "Reconciled", "Every child object matches the spec")
+
+
+def disruption_condition(deployment: Obj | None, spec: Obj) -> Condition:
+    """DisruptionTolerant: whether a voluntary disruption (a node drain, the eviction API) leaves a
+    replica serving. The PodDisruptionBudget lets an eviction through while fewer than
+    `spec.disruption.maxUnavailable` replicas are down (a percentage of the replicas, rounded up, as the
+    disruption controller counts it), so a budget at or above the replica count lets one drain take every
+    replica: False, with what to change. Not Degraded: nothing is wrong until a drain comes, and many
+    services run one replica on purpose; the risk is reported where a person (or an alert) can see it
+    without the service reading as broken."""
+    want = desired_replicas(deployment) if deployment is not None else 0
+    if want == 0:
+        return Condition("DisruptionTolerant", True, "NoReplicas", "No replica runs, so a drain evicts none")
+    budget = (spec.get("disruption") or {}).get("maxUnavailable", 1)
+    allowed = _scaled(budget, want)
+    setting = f"spec.disruption.maxUnavailable {budget}"
+    if allowed <= 0:
+        return Condition(
+            "DisruptionTolerant",
+            True,
+            "EvictionsBlocked",
+            f"The PodDisruptionBudget refuses every eviction ({setting}): a node drain waits on this "
+            f"service's pods until you change it",
+        )
+    if allowed < want:
+        return Condition(
+            "DisruptionTolerant",
+            True,
+            "ReplicasKeptDuringDrain",
+            f"A drain evicts at most {allowed} of {want} replicas at once ({setting}); the rest keep serving",
+        )
+    more = "autoscaling.minReplicas" if spec.get("autoscaling") else "spec.replicas"
+    return Condition(
+        "DisruptionTolerant",
+        False,
+        "DrainTakesEveryReplica",
+        f"A node drain may evict all {want} replica(s) at once ({setting}): the service is down until a "
+        f"replacement loads its model. Set {more} to {allowed + 1} or more to keep one serving, or "
+        f"spec.disruption.maxUnavailable to 0 to make drains wait for you",
+    )
+
+
+def _scaled(value: Any, replicas: int) -> int:
+    """An int-or-percent budget as a replica count: a percentage of `replicas`, rounded up (the disruption
+    controller's rounding for maxUnavailable)."""
+    if isinstance(value, str) and value.endswith("%"):
+        return -(-int(value[:-1]) * replicas // 100)
+    return int(value)
 
 
 # Status fields present only when they apply (a URL, an autoscaler, a reported capacity, a restart schedule).

@@ -10,7 +10,7 @@ for real in e2e/test_real_pods.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +19,7 @@ from isvc import condition, create, get, patch, wait_ready
 from kubernetes import client
 
 from e2e.cluster import GPU_NODES, Cluster
+from pagoda.operator.resources.meta import OWNER_LABEL
 
 TAINT_KEY = "pagoda.dev/test-dedicated"
 
@@ -200,3 +201,84 @@ def test_limit_range_refuses_pods(
         "AdmissionRejected",
         ["LimitRange", "maximum nvidia.com/gpu usage per Container is 1, but limit is 2", "spec.resources"],
     )
+
+
+def _serving_pods(core: client.CoreV1Api, name: str, namespace: str) -> list[str]:
+    pods = core.list_namespaced_pod(namespace, label_selector=f"{OWNER_LABEL}={name}").items
+    return sorted(p.metadata.name for p in pods if p.metadata.deletion_timestamp is None)
+
+
+def _evict(core: client.CoreV1Api, pod: str, namespace: str) -> int:
+    """The eviction API's answer for `pod`, as `kubectl drain` calls it: 201 evicted, 429 refused by the
+    PodDisruptionBudget."""
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+    try:
+        core.create_namespaced_pod_eviction(pod, namespace, body)
+    except client.ApiException as exc:
+        return int(exc.status)
+    return 201
+
+
+def _disruptions_allowed(policy: client.PolicyV1Api, name: str, namespace: str, want: int) -> bool:
+    status = policy.read_namespaced_pod_disruption_budget(name, namespace).status
+    return status is not None and (status.expected_pods, status.disruptions_allowed) == (want, 1)
+
+
+@pytest.fixture
+def cordon(cluster: Cluster) -> Iterator[Callable[[], None]]:
+    """Cordons both kwok GPU nodes when called, as `kubectl drain` does before its evictions, so that an
+    evicted replica's replacement stays Pending (the drain's outage, and a budget that stays spent);
+    uncordons them after the test."""
+    yield lambda: cluster.kubectl("cordon", *GPU_NODES) and None
+    cluster.kubectl("uncordon", *GPU_NODES, check=False)
+
+
+def test_a_drain_that_would_take_every_replica_is_reported_and_two_replicas_keep_one_serving(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    namespace: str,
+    cordon: Callable[[], None],
+) -> None:
+    """One replica under the default budget (maxUnavailable 1): DisruptionTolerant=False names what to
+    change, and a drain (cordon, then the eviction API) does take the only replica: Ready turns False. With
+    two replicas the condition is True, and the real disruption controller lets one eviction through and
+    refuses the second (429): the drain leaves a replica serving."""
+    core, policy = client.CoreV1Api(cluster_api), client.PolicyV1Api(cluster_api)
+    create(kube, "solo", namespace, replicas=1)
+    obj = wait_ready(kube, "solo", namespace)
+    tolerant = condition(obj, "DisruptionTolerant")
+    assert (tolerant["status"], tolerant["reason"]) == ("False", "DrainTakesEveryReplica"), tolerant
+    assert "spec.replicas to 2" in tolerant["message"] and "maxUnavailable" in tolerant["message"]
+    assert condition(obj, "Degraded")["status"] == "False"  # a risk, not a fault
+    wait_until(lambda: _disruptions_allowed(policy, "solo", namespace, 1), "the PDB to count the replica")
+    cordon()
+    (only,) = _serving_pods(core, "solo", namespace)
+    assert _evict(core, only, namespace) == 201  # the budget lets the drain take the only replica
+    wait_until(
+        lambda: condition(get(kube, "solo", namespace), "Ready").get("status") == "False",
+        "Ready=False: the drain's outage",
+    )
+    cluster.kubectl("uncordon", *GPU_NODES)
+    wait_ready(kube, "solo", namespace)
+
+    patch(kube, "solo", namespace, {"replicas": 2})
+
+    def tolerant_now() -> dict[str, Any] | None:
+        found = get(kube, "solo", namespace)
+        cond = condition(found, "DisruptionTolerant")
+        current = found is not None and cond.get("observedGeneration") == found["metadata"]["generation"]
+        return cond if current and cond.get("status") == "True" else None
+
+    cond = wait_until(tolerant_now, "DisruptionTolerant=True at two replicas", timeout=90)
+    assert cond["reason"] == "ReplicasKeptDuringDrain" and "at most 1 of 2" in cond["message"], cond
+    wait_ready(kube, "solo", namespace)
+    wait_until(lambda: _disruptions_allowed(policy, "solo", namespace, 2), "the PDB to count both replicas")
+    cordon()
+    first, second = _serving_pods(core, "solo", namespace)
+    assert _evict(core, first, namespace) == 201
+    assert _evict(core, second, namespace) == 429  # the budget keeps one replica serving
+    kept = core.read_namespaced_pod(second, namespace)
+    assert kept.metadata.deletion_timestamp is None
+    assert any(c.type == "Ready" and c.status == "True" for c in kept.status.conditions or [])

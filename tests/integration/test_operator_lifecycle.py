@@ -16,6 +16,7 @@ from isvc import (
 )
 from kubernetes import client
 
+from pagoda.operator.api import CONDITION_TYPES
 from pagoda.operator.reconcile.kube import Kube
 from pagoda.operator.resources.meta import OWNER_LABEL
 
@@ -99,7 +100,7 @@ def test_create_builds_children_and_reports_ready(
     assert (status["replicas"], status["readyReplicas"]) == (2, 2)
     assert status["url"] == f"http://llm.{namespace}.svc:8000"
     assert status["selector"] == f"app.kubernetes.io/name=pagoda-runtime,{OWNER_LABEL}=llm"
-    for type_ in ("Ready", "Progressing", "Degraded"):
+    for type_ in CONDITION_TYPES:
         cond = condition(obj, type_)
         assert cond["observedGeneration"] == obj["metadata"]["generation"] and cond["lastTransitionTime"], (
             type_

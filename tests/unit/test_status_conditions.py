@@ -1,4 +1,5 @@
-"""Pure status computation: Ready / Progressing / Degraded and lastTransitionTime semantics."""
+"""Pure status computation: Ready / Progressing / Degraded / DisruptionTolerant and lastTransitionTime
+semantics."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ T0 = "2026-01-01T00:00:00Z"
 T1 = "2026-01-01T00:05:00Z"
 
 
-def owner(generation: int = 2, status: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {"metadata": {"name": "m", "namespace": "ns", "generation": generation}, "status": status or {}}
+def owner(
+    generation: int = 2, status: dict[str, Any] | None = None, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "m", "namespace": "ns", "generation": generation},
+        "spec": spec or {},
+        "status": status or {},
+    }
 
 
 def deployment(
@@ -45,6 +52,7 @@ def test_all_ready() -> None:
         "Ready": ("True", "ReplicasReady"),
         "Progressing": ("False", "RolloutComplete"),
         "Degraded": ("False", "Reconciled"),
+        "DisruptionTolerant": ("True", "ReplicasKeptDuringDrain"),
     }
     assert status["observedGeneration"] == 2
     assert all(c["observedGeneration"] == 2 for c in status["conditions"])
@@ -109,11 +117,11 @@ def test_transition_time_changes_only_when_status_flips() -> None:
     first = compute(owner(), deployment(ready=1, available=1), [], now=T0)
     # Same statuses later (different message): times are kept, and nothing to write when equal.
     second = compute(owner(status=first), deployment(ready=1, available=1, updated=1), [], now=T1)
-    assert [c["lastTransitionTime"] for c in second["conditions"]] == [T0, T0, T0]
+    assert [c["lastTransitionTime"] for c in second["conditions"]] == [T0, T0, T0, T0]
     # Ready flips: only Ready's time moves.
     third = compute(owner(status=second), deployment(), [], now=T1)
     times = {c["type"]: c["lastTransitionTime"] for c in third["conditions"]}
-    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0}
+    assert times == {"Ready": T1, "Progressing": T1, "Degraded": T0, "DisruptionTolerant": T0}
 
 
 def test_status_changed_only_on_real_change() -> None:
@@ -216,6 +224,7 @@ def test_unschedulable_pod_is_the_blocker_in_ready_and_degraded() -> None:
         "Ready": ("False", "InsufficientGPU"),
         "Progressing": ("True", "RollingOut"),
         "Degraded": ("True", "InsufficientGPU"),
+        "DisruptionTolerant": ("True", "ReplicasKeptDuringDrain"),
     }
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert degraded["message"].startswith(
@@ -267,3 +276,52 @@ def test_blockers_most_specific_first() -> None:
     assert degraded([]) == ("True", "QuotaExceeded")
     dep["status"]["conditions"] = dep["status"]["conditions"][1:]
     assert degraded([]) == ("True", "RolloutStuck")
+
+
+def disruption(replicas: int, spec: dict[str, Any]) -> tuple[str, str, str]:
+    status = compute(owner(spec=spec), deployment(replicas=replicas, ready=replicas), [])
+    cond = next(c for c in status["conditions"] if c["type"] == "DisruptionTolerant")
+    return cond["status"], cond["reason"], cond["message"]
+
+
+def test_one_replica_with_the_default_budget_is_reported_as_a_drain_outage() -> None:
+    status, reason, message = disruption(1, {})
+    assert (status, reason) == ("False", "DrainTakesEveryReplica")
+    assert "spec.disruption.maxUnavailable 1" in message
+    assert "Set spec.replicas to 2 or more" in message
+    # Not Degraded: nothing is broken until a drain comes.
+    full = compute(owner(), deployment(replicas=1, ready=1, updated=1, available=1, total=1), [])
+    assert conditions(full)["Degraded"] == ("False", "Reconciled")
+
+
+def test_an_autoscaled_service_is_told_to_raise_its_minimum() -> None:
+    _, reason, message = disruption(1, {"autoscaling": {"minReplicas": 1, "maxReplicas": 3}})
+    assert reason == "DrainTakesEveryReplica"
+    assert "Set autoscaling.minReplicas to 2 or more" in message
+
+
+def test_a_budget_below_the_replica_count_keeps_replicas_serving() -> None:
+    assert disruption(3, {"disruption": {"maxUnavailable": 2}})[:2] == ("True", "ReplicasKeptDuringDrain")
+    assert disruption(3, {"disruption": {"maxUnavailable": 3}})[:2] == ("False", "DrainTakesEveryReplica")
+
+
+def test_a_percentage_budget_rounds_up_as_the_disruption_controller_does() -> None:
+    # 50% of 1 replica rounds up to 1: the only replica may go.
+    assert disruption(1, {"disruption": {"maxUnavailable": "50%"}})[1] == "DrainTakesEveryReplica"
+    # 50% of 3 is 2 (rounded up): one stays.
+    status, reason, message = disruption(3, {"disruption": {"maxUnavailable": "50%"}})
+    assert (status, reason) == ("True", "ReplicasKeptDuringDrain")
+    assert "at most 2 of 3" in message
+
+
+def test_a_zero_budget_blocks_drains_and_says_so() -> None:
+    status, reason, message = disruption(1, {"disruption": {"maxUnavailable": 0}})
+    assert (status, reason) == ("True", "EvictionsBlocked")
+    assert "waits" in message
+    assert disruption(2, {"disruption": {"maxUnavailable": "0%"}})[1] == "EvictionsBlocked"
+
+
+def test_no_replica_means_nothing_to_drain() -> None:
+    assert disruption(0, {})[:2] == ("True", "NoReplicas")
+    cond = next(c for c in compute(owner(), None, [])["conditions"] if c["type"] == "DisruptionTolerant")
+    assert (cond["status"], cond["reason"]) == ("True", "NoReplicas")

@@ -1,5 +1,6 @@
 -- Argo CD health check for pagoda.dev/InferenceService (Lua 5.1, as Argo CD's gopher-lua runs it).
--- The operator writes three conditions (Ready, Progressing, Degraded), each with observedGeneration.
+-- The operator writes four conditions (Ready, Progressing, Degraded, DisruptionTolerant), each with
+-- observedGeneration; health reads the first three (DisruptionTolerant=False is a risk, not a fault).
 -- A condition written for an older metadata.generation says nothing about the current spec: until the
 -- operator has observed the current generation, the service is Progressing.
 local hs = {}
