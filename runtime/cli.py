@@ -10,7 +10,7 @@ import os
 import sys
 from types import ModuleType
 
-from pagoda.runtime import termination
+from pagoda.runtime import signals, termination
 from pagoda.runtime.config import ConfigError, ServeConfig, add_serve_flags, config_from_args
 
 log = logging.getLogger("pagoda.runtime")
@@ -49,6 +49,7 @@ def _setup_logging() -> None:
 
 
 def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+    signals.record_early()  # before the heavy imports below (runtime/signals.py)
     try:
         config = config_from_args(ns, extra)
     except ConfigError as exc:

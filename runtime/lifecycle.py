@@ -18,7 +18,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped,unused-ignore]
 import uvicorn
 
-from pagoda.runtime import capacity, enginefailure, metrics, sources, termination
+from pagoda.runtime import capacity, enginefailure, metrics, signals, sources, termination
 from pagoda.runtime import engine as eng
 from pagoda.runtime.adapters import AdapterManager, management_app
 from pagoda.runtime.config import ServeConfig
@@ -121,8 +121,11 @@ class Runtime:
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in signals.STOP_SIGNALS:
             loop.add_signal_handler(sig, self.request_stop, signal.Signals(sig).name)
+        early = signals.received_early()
+        if early is not None:  # came while Python imported the engine (runtime/signals.py)
+            self.request_stop(early)
         try:
             sock = bind(self.config.host, self.config.port)
         except OSError as exc:
@@ -155,6 +158,9 @@ class Runtime:
         return self.exit_code
 
     async def _load_and_serve(self, server: uvicorn.Server, stack: AsyncExitStack) -> None:
+        if self.stop.is_set():
+            log.info("Stopped before loading model=%s", self.config.model)
+            return
         source = sources.parse_model_uri(self.config.model)
         args, config = self.vllm_args, self.config
         report = enginefailure.prepare_report()  # before any engine process starts

@@ -92,6 +92,32 @@ def test_sigterm_drains_accepted_requests_and_leaves_no_process(tiny_model: Path
         runtime.terminate()
 
 
+def maps_torch(pid: int) -> bool:
+    """Whether process `pid` has begun importing torch: its native library is mapped (/proc/PID/maps)."""
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_sigterm_while_python_imports_the_engine_stops_it_at_once_with_exit_0(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """In a container the runtime is PID 1, where a signal without a handler is dropped: a pod deleted while
+    torch and vLLM were being imported waited out its grace period and was SIGKILLed (exit 137, seen in
+    e2e/test_real_pods.py on a scale-down). `serve` takes SIGTERM from its first line (runtime/signals.py)
+    and then stops without loading the engine. The signal comes as soon as torch's library is mapped, seconds
+    before the imports end and the event loop starts; out of a container, without that handler, the default
+    action would end the process with -15."""
+    runtime = RuntimeProcess(model=f"file://{tiny_model}", workdir=tmp_path).start()
+    try:
+        assert runtime.proc is not None
+        pid = runtime.proc.pid
+        wait_until(lambda: maps_torch(pid), timeout=60, interval=0.005, what="torch's import to begin")
+        runtime.proc.send_signal(signal.SIGTERM)
+        assert runtime.proc.wait(timeout=120) == 0, runtime.log_tail()
+        assert not runtime.children()
+    finally:
+        runtime.terminate()
+
+
 def test_api_key_and_engine_death_exit_nonzero(tiny_model: Path, tmp_path: Path) -> None:
     runtime = RuntimeProcess(
         model=f"file://{tiny_model}", workdir=tmp_path, extra_env={"PAGODA_API_KEY": "s3cret"}
