@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import urllib3.exceptions
 from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 
@@ -43,6 +44,13 @@ class KubeError(Exception):
         except (TypeError, ValueError):
             pass
         return cls(int(exc.status or 0), reason, message)
+
+
+class ApiUnreachable(ConnectionError):
+    """The API server did not answer (connection refused or reset, a timeout) after the client's retries.
+
+    urllib3 raises its own exception family for these, outside OSError; as an OSError here, a caller that
+    rides out an API server restart (the leader election, the event recorder) catches one family."""
 
 
 def resource_path(api_version: str, plural: str, namespace: str | None, name: str | None = None) -> str:
@@ -81,6 +89,8 @@ class Kube:
             data = response.read()  # type: ignore[no-untyped-call]
         except ApiException as exc:
             raise KubeError.from_api_exception(exc) from exc
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiUnreachable(f"{method} {path}: {exc}") from exc
         if not 200 <= response.status <= 299:
             text = data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
             try:
