@@ -178,6 +178,7 @@ class Launcher:
         self.log_dir = log_dir
         self.detach = detach
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.launched: dict[str, tuple[list[str], dict[str, str] | None]] = {}  # name -> (args, env)
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def launch(self, name: str, args: list[str], env: dict[str, str] | None = None) -> int:
@@ -198,7 +199,16 @@ class Launcher:
                 preexec_fn=None if self.detach else _die_with_parent,
             )
         self.procs[name] = proc
+        self.launched[name] = (args, env)
         return proc.pid
+
+    def relaunch(self, name: str, grace: float = STOP_GRACE) -> int:
+        """Stops component `name` (SIGTERM, SIGKILL after `grace`) and starts it again with the arguments and
+        environment it was launched with, as a restarted static pod or systemd unit would be; its log goes on
+        in the same file. Returns the new PID."""
+        args, env = self.launched[name]
+        terminate(self.procs.pop(name).pid, program(self.bin_dir, name), grace)
+        return self.launch(name, args, env)
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -266,14 +276,14 @@ def program(bin_dir: Path, name: str) -> Path:
     return Path(sys.executable) if name in PYTHON_COMPONENTS else bin_dir / name
 
 
-def terminate(pid: int, exe: Path) -> None:
-    """SIGTERM, then SIGKILL after a grace period, to `pid` only if it still runs `exe` (a process
+def terminate(pid: int, exe: Path, grace: float = STOP_GRACE) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds, to `pid` only if it still runs `exe` (a process
     started by an earlier `python -m e2e up`)."""
     if not _exe_matches(pid, exe):
         return
     try:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE
+        deadline = time.monotonic() + grace
         while not _gone(pid):
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)

@@ -26,7 +26,7 @@ import yaml
 
 from e2e import _objects, _procs, images, podnet, realnode, registry
 from e2e._pki import write_pki
-from e2e.processes import free_ports, http_ok, terminate
+from e2e.processes import free_ports, http_ok, terminate, wait_until
 
 REPO_ROOT = _procs.REPO_ROOT
 DEV_DIR = REPO_ROOT / ".pagoda-dev"
@@ -131,6 +131,26 @@ class Cluster:
             f"--timeout={max(1, int(timeout))}s",
             timeout=timeout + 10,
         )
+
+    def restart(self, name: str, timeout: float = 120.0) -> float:
+        """Restarts control-plane component `name` (etcd, kube-apiserver, ...) the way a node upgrade or a
+        crash does: SIGTERM (SIGKILL after the grace period), then the same command again. Waits until the API
+        server is ready once more (its /readyz checks etcd too) and returns the seconds it was unready."""
+        if self._launcher is None:
+            raise RuntimeError("restart needs the cluster this process started (not one it attached to)")
+        began = time.monotonic()
+        self.pids[name] = self._launcher.relaunch(name)
+        self.save_state()
+
+        wait_until(
+            lambda: self.kubectl("get", "--raw=/readyz", check=False, timeout=10).returncode == 0,
+            f"the API server to be ready after restarting {name}",
+            timeout=timeout,
+            interval=0.2,
+            alive=self._launcher.check_alive,
+            tail=lambda: self._launcher.log_tail(name) if self._launcher else "",
+        )
+        return time.monotonic() - began
 
     def stop(self) -> None:
         """Ends exactly the processes this cluster started (by PID), most dependent first, after the real

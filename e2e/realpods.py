@@ -53,10 +53,17 @@ def wait_condition(
     return wait_until(probe, f"{namespace}/{name} {kind}={status}", timeout=timeout, interval=1.0)
 
 
+def all_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The service's pods, terminating ones too."""
+    items: list[dict[str, Any]] = get_json(cluster, "-n", namespace, "pods", "-l", f"{OWNER_LABEL}={name}")[
+        "items"
+    ]
+    return items
+
+
 def pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     """The service's pods that are not terminating."""
-    items = get_json(cluster, "-n", namespace, "pods", "-l", f"{OWNER_LABEL}={name}")["items"]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+    return [p for p in all_pods(cluster, namespace, name) if not p["metadata"].get("deletionTimestamp")]
 
 
 def ready_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:

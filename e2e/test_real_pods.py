@@ -2,7 +2,7 @@
 the CPU runtime image, each with its own pod IP.
 
 One `tiny` service (examples/tiny-cpu.yaml) in a namespace that enforces the `restricted` Pod Security
-Standard serves the first three tests, in order:
+Standard serves the first four tests, in order:
 1. its two pods are admitted, Running at pod IPs of the real node's range, Ready from their own readiness
    probes, listed Ready in the Service's EndpointSlice, and answer chat requests at those IPs;
 2. deleting a pod under load (preStop, SIGTERM, drain; the other pod takes the load) fails no request, and
@@ -13,7 +13,9 @@ Standard serves the first three tests, in order:
 The rollouts run on one replica: nothing else can take its traffic, so a moment without a Ready pod would
 fail requests, and each rollout starts one engine, not two, beside the one serving. (Scale-in under load is
 e2e/test_autoscaling.py's.)
-4. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
+4. etcd and the API server restarted under load: no request fails, the operator converges on a spec change
+   made right after, with one Event and no rewrite.
+5. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
    turns Degraded with the runtime's own reason.
 The load goes through the Service's ClusterIP (kube-proxy) from clients that keep their connections alive
 and never retry, as a user's would; each replaced pod drains and exits 0 by itself.
@@ -37,10 +39,12 @@ from e2e.processes import wait_until
 from e2e.realpods import (
     ServiceEndpoints,
     Terminations,
+    all_pods,
     condition,
     finished,
     get_json,
     is_real_pod_ip,
+    isvc,
     patch_spec,
     pods,
     ready_pods,
@@ -199,9 +203,19 @@ def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: s
         lambda: not realnode.pod_cgroups(node, uid), "the kubelet to remove the pod's cgroups", timeout=60
     )
 
-    patch_spec(cluster, serving, "tiny", {"replicas": 1})
-    wait_ready_replicas(cluster, serving, "tiny", 1)
-    assert [p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")] == [survivor["metadata"]["uid"]]
+    scaled_down = Terminations(cluster, serving, "tiny")
+    try:
+        patch_spec(cluster, serving, "tiny", {"replicas": 1})
+        wait_ready_replicas(cluster, serving, "tiny", 1)
+        assert [p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")] == [survivor["metadata"]["uid"]]
+        # The removed replacement, deleted while it started (runtime/signals.py), stops at once and by itself:
+        # gone before the rollouts below watch how their pods end.
+        wait_until(
+            lambda: len(all_pods(cluster, serving, "tiny")) == 1, "the replacement to be removed", timeout=120
+        )
+        assert all(ended == [(0, "Completed")] for ended in scaled_down.ended.values()), scaled_down.ended
+    finally:
+        scaled_down.stop()
 
 
 def test_a_spec_change_and_a_scheduled_restart_roll_under_load_with_no_failed_request(
@@ -274,6 +288,70 @@ def test_a_spec_change_and_a_scheduled_restart_roll_under_load_with_no_failed_re
     assert stamp() == restarted_at  # the last restart stays on the template: nothing rolled again
     assert isvc_restarts() == {}
     assert len(ready_pods(cluster, serving, "tiny")) == 1
+
+
+def _operator_events(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    """The Events on InferenceService `name`, by uid."""
+    selector = f"involvedObject.kind=InferenceService,involvedObject.name={name}"
+    listed = get_json(cluster, "-n", namespace, "events", "--field-selector", selector)["items"]
+    return {e["metadata"]["uid"]: e for e in listed}
+
+
+def test_etcd_and_the_api_server_restart_under_load_and_the_operator_converges(
+    cluster: Cluster, serving: str, operator: ChartOperator
+) -> None:
+    """etcd, then the API server, restarted (SIGTERM, then the same command again: a control-plane upgrade
+    or crash) while a load runs through the ClusterIP. kube-proxy's rules and the pods need neither, so no
+    request fails and no pod is replaced. The operator's watches and Lease renewals fail while the API
+    server is away; it reconnects (a leader that cannot renew for 10 s exits and its container restarts, as
+    client-go's controllers do; the standby or the restarted one leads) and applies a spec change made right
+    after (spec.disruption, which only the PodDisruptionBudget carries): the status turns current, the
+    Deployment is not rewritten, and the service gets one Event, the change's, not a storm of rewrites."""
+    [pod] = pods(cluster, serving, "tiny")
+    generation = get_json(cluster, "-n", serving, "deployment", "tiny")["metadata"]["generation"]
+    events_before = _operator_events(cluster, serving, "tiny")
+    restarts_before = operator.restarts()
+    load = under_load(cluster, serving)
+    try:
+        unready = {name: round(cluster.restart(name), 1) for name in ("etcd", "kube-apiserver")}
+        patch_spec(cluster, serving, "tiny", {"disruption": {"maxUnavailable": 0}})
+        wait_until(
+            lambda: get_json(cluster, "-n", serving, "pdb", "tiny")["spec"].get("maxUnavailable") == 0,
+            "the operator to apply the spec change to the PodDisruptionBudget",
+            timeout=180,
+            interval=1,
+        )
+
+        def current() -> bool:
+            obj = isvc(cluster, serving, "tiny")
+            ready = condition(obj, "Ready")
+            return bool(
+                obj["status"].get("observedGeneration") == obj["metadata"]["generation"]
+                and ready.get("status") == "True"
+            )
+
+        wait_until(current, "the status of the changed spec, Ready", timeout=120, interval=1)
+        done = load.completed
+        wait_until(lambda: load.completed >= done + 4, "requests after the restarts", timeout=120)
+    finally:
+        load.stop()
+    restarts = operator.restarts()
+    print(f"Restarts (s unready) {unready}: completed={load.completed} failed={len(load.failures)}")
+    print(f"Operator restarts before {restarts_before}, after {restarts}")
+    # At most the leader's one exit on its renew deadline (exit 1); a waiting replica rides the outage out.
+    for operator_pod in operator.pods():
+        name = operator_pod["metadata"]["name"]
+        if restarts[name] != restarts_before.get(name, 0):
+            assert restarts[name] == restarts_before.get(name, 0) + 1, (restarts_before, restarts)
+            [status] = operator_pod["status"]["containerStatuses"]
+            assert status["lastState"]["terminated"]["exitCode"] == 1, status
+    operator.expected_restarts.update(restarts)
+    assert load.failures == [], load.failures
+    assert [p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")] == [pod["metadata"]["uid"]]
+    assert get_json(cluster, "-n", serving, "deployment", "tiny")["metadata"]["generation"] == generation
+    new = [e for uid, e in _operator_events(cluster, serving, "tiny").items() if uid not in events_before]
+    assert len(new) == 1 and "PodDisruptionBudget" in new[0]["message"], new
+    patch_spec(cluster, serving, "tiny", {"disruption": None})
 
 
 def test_a_runtime_that_cannot_start_crashes_with_its_reason(
