@@ -7,6 +7,7 @@ SHELL := /bin/bash
 PYTHON_BOOT ?= python3
 VENV        := .venv
 PY          := $(VENV)/bin/python
+BENCHMARKS  := $(filter-out benchmarks/servers.py,$(wildcard benchmarks/*.py))
 PIP         := $(PY) -m pip --disable-pip-version-check
 DEV         := .pagoda-dev
 BIN         := $(DEV)/bin
@@ -103,6 +104,9 @@ lint: venv tools ## ruff, mypy (strict on operator/ and runtime/), actionlint (.
 	@# Every test module of every tier imports (a name a refactor removed fails here, not 20 minutes into tier 4),
 	@# collected in one run as `pytest tests e2e` would: helper modules need names unique across the tiers.
 	$(PY) -m pytest -p no:cacheprovider --collect-only -q tests e2e > /dev/null
+	@# Every benchmark imports and parses its flags; tier 2 runs the operator's in small (the engines' start
+	@# engines, minutes each: docs/benchmarks.md).
+	for bench in $(BENCHMARKS); do $(PY) $$bench --help > /dev/null || exit 1; done
 
 .PHONY: test-unit
 test-unit: venv tools packages ## Tier 1: unit tests (no cluster, no engine; helm and promtool for the chart).
