@@ -202,12 +202,12 @@ class Launcher:
         self.launched[name] = (args, env)
         return proc.pid
 
-    def relaunch(self, name: str, grace: float = STOP_GRACE) -> int:
-        """Stops component `name` (SIGTERM, SIGKILL after `grace`) and starts it again with the arguments and
-        environment it was launched with, as a restarted static pod or systemd unit would be; its log goes on
-        in the same file. Returns the new PID."""
+    def relaunch(self, name: str) -> int:
+        """Stops component `name` (SIGTERM, SIGKILL after the grace period) and starts it again with the
+        arguments and environment it was launched with, as a restarted static pod or systemd unit would
+        be; its log goes on in the same file. Returns the new PID."""
         args, env = self.launched[name]
-        terminate(self.procs.pop(name).pid, program(self.bin_dir, name), grace)
+        terminate(self.procs.pop(name).pid, program(self.bin_dir, name))
         return self.launch(name, args, env)
 
     def check_alive(self) -> None:
@@ -276,14 +276,14 @@ def program(bin_dir: Path, name: str) -> Path:
     return Path(sys.executable) if name in PYTHON_COMPONENTS else bin_dir / name
 
 
-def terminate(pid: int, exe: Path, grace: float = STOP_GRACE) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds, to `pid` only if it still runs `exe` (a process
+def terminate(pid: int, exe: Path) -> None:
+    """SIGTERM, then SIGKILL after a grace period, to `pid` only if it still runs `exe` (a process
     started by an earlier `python -m e2e up`)."""
     if not _exe_matches(pid, exe):
         return
     try:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
+        deadline = time.monotonic() + STOP_GRACE
         while not _gone(pid):
             if time.monotonic() > deadline:
                 os.kill(pid, signal.SIGKILL)

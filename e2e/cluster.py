@@ -26,7 +26,7 @@ import yaml
 
 from e2e import _objects, _procs, images, podnet, realnode, registry
 from e2e._pki import write_pki
-from e2e.processes import free_ports, http_ok, terminate, wait_until
+from e2e.processes import free_ports, http_ok, terminate
 
 REPO_ROOT = _procs.REPO_ROOT
 DEV_DIR = REPO_ROOT / ".pagoda-dev"
@@ -136,19 +136,17 @@ class Cluster:
         """Restarts control-plane component `name` (etcd, kube-apiserver, ...) the way a node upgrade or a
         crash does: SIGTERM (SIGKILL after the grace period), then the same command again. Waits until the API
         server is ready once more (its /readyz checks etcd too) and returns the seconds it was unready."""
-        if self._launcher is None:
+        launcher = self._launcher
+        if launcher is None:
             raise RuntimeError("restart needs the cluster this process started (not one it attached to)")
         began = time.monotonic()
-        self.pids[name] = self._launcher.relaunch(name)
+        self.pids[name] = launcher.relaunch(name)
         self.save_state()
-
-        wait_until(
+        launcher.wait(
             lambda: self.kubectl("get", "--raw=/readyz", check=False, timeout=10).returncode == 0,
             f"the API server to be ready after restarting {name}",
-            timeout=timeout,
-            interval=0.2,
-            alive=self._launcher.check_alive,
-            tail=lambda: self._launcher.log_tail(name) if self._launcher else "",
+            began + timeout,
+            log_of=name,
         )
         return time.monotonic() - began
 

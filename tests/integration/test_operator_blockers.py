@@ -229,7 +229,11 @@ def cordon(cluster: Cluster) -> Iterator[Callable[[], None]]:
     """Cordons both kwok GPU nodes when called, as `kubectl drain` does before its evictions, so that an
     evicted replica's replacement stays Pending (the drain's outage, and a budget that stays spent);
     uncordons them after the test."""
-    yield lambda: cluster.kubectl("cordon", *GPU_NODES) and None
+
+    def cordon_nodes() -> None:
+        cluster.kubectl("cordon", *GPU_NODES)
+
+    yield cordon_nodes
     cluster.kubectl("uncordon", *GPU_NODES, check=False)
 
 
