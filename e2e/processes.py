@@ -20,6 +20,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self, TypeVar
 
+import yaml
+
 T = TypeVar("T")
 VENV_BIN = Path(sys.executable).parent
 SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
@@ -96,18 +98,29 @@ def terminate(proc: subprocess.Popen[bytes], grace: float) -> int:
     return proc.returncode
 
 
+SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-cpu.yaml"
+
+
+def sample_engine_env() -> dict[str, str]:
+    """spec.runtime.env of examples/tiny-cpu.yaml: the CPU engine's settings its pods run with (the model in
+    vLLM's EngineCore process, as on one GPU; one unpinned OpenMP thread; a 1 GiB KV cache)."""
+    spec = yaml.safe_load(SAMPLE.read_text())["spec"]
+    return {item["name"]: str(item["value"]) for item in spec["runtime"]["env"]}
+
+
 def runtime_env(workdir: Path, **extra: str) -> dict[str, str]:
-    """The environment of a `pagoda-runtime` subprocess: private temp and vLLM cache dirs under `workdir`,
-    offline, no usage stats, a 1 GiB CPU KV cache, no API key; `extra` goes on top."""
+    """The environment of a `pagoda-runtime` subprocess: the sample's engine settings (`sample_engine_env`),
+    private temp and vLLM cache dirs under `workdir`, offline, no usage stats, no API key; `extra` goes on
+    top."""
     tmp = workdir / "tmp"
     tmp.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
+    env.update(sample_engine_env())
     env.update(
         TMPDIR=str(tmp),
         VLLM_CACHE_ROOT=str(workdir / "vllm-cache"),
         VLLM_NO_USAGE_STATS="1",
         HF_HUB_OFFLINE="1",
-        VLLM_CPU_KVCACHE_SPACE="1",
         PYTHONUNBUFFERED="1",
     )
     env.pop("PAGODA_API_KEY", None)

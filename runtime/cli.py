@@ -1,4 +1,5 @@
-"""`pagoda-runtime`: `serve` (the runtime); `make-tiny-model` and `make-tiny-adapter` (for tests)."""
+"""`pagoda-runtime`: `serve` (the runtime); `seed-model-info` (an image's build step, runtime/modelinfo.py);
+`make-tiny-model` and `make-tiny-adapter` (for tests)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Arguments after `--` go to vLLM's own engine argument parser verbatim.",
     )
     add_serve_flags(serve)
+    seed = sub.add_parser(
+        "seed-model-info",
+        help="answer vLLM's model-registry inspection for every architecture ahead of time (image builds)",
+        epilog="serve copies the answers into its cache when PAGODA_VLLM_SEED_DIR names the folder.",
+    )
+    seed.add_argument("directory", help="the folder to write (its modelinfos/ subfolder)")
     tiny = sub.add_parser("make-tiny-model", help="write a tiny random-weight Llama (nothing downloaded)")
     tiny.add_argument("directory")
     tiny.add_argument("--seed", type=int, default=0)
@@ -58,9 +65,10 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
 
     import uvloop
 
-    from pagoda.runtime import engine, lifecycle
+    from pagoda.runtime import engine, lifecycle, modelinfo
 
     engine.apply_env_defaults()
+    modelinfo.install()
     vllm_args = _parse_vllm_args(engine, config)
     log.info("Starting runtime model=%s name=%s port=%d", config.model, config.name, config.port)
     runtime = lifecycle.Runtime(config, vllm_args)
@@ -109,6 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--rank: must be at least 1 (got {ns.rank})")
         make_tiny_adapter(ns.model, ns.out, TinyAdapterSpec(rank=ns.rank, seed=ns.seed))
         return 0
+    if ns.command == "seed-model-info":
+        from pagoda.runtime import modelinfo
+
+        return modelinfo.main([ns.directory])
     if ns.command == "make-tiny-model":
         from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model
 

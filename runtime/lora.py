@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pagoda.runtime import contract
-from pagoda.runtime.sources import ModelSourceError, parse_model_uri
+from pagoda.runtime.sources import ModelSourceError, parse_model_uri, safetensors_header
 
 # Adapter names (what clients send as `model`): short, and usable in Kubernetes names and label values.
 NAME = re.compile(contract.ADAPTER_NAME_PATTERN)
@@ -89,9 +88,7 @@ class AdapterFiles:
 
 def safetensors_shapes(path: Path) -> dict[str, list[int]]:
     """Tensor name -> shape, from a .safetensors file's JSON header (the tensors are not read)."""
-    with path.open("rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header: dict[str, Any] = json.loads(f.read(size))
+    header = safetensors_header(path)
     return {k: list(v["shape"]) for k, v in header.items() if k != "__metadata__"}
 
 
@@ -151,7 +148,7 @@ def check_adapter_dir(name: str, source: str, path: Path, base_dir: Path, max_ra
     if weights.is_file():
         try:
             mismatch = shape_mismatch(safetensors_shapes(weights), model_shapes(base_dir))
-        except (OSError, ValueError, struct.error, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             raise AdapterError(
                 f"{what}: {weights} is not a readable safetensors file ({exc})", "AdapterInvalid", 422
             ) from None

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import re
+import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -117,8 +118,60 @@ def parse_model_uri(uri: str) -> ModelSource:
     raise ModelSourceError(f"model {uri!r}: unknown scheme {scheme!r} (use file, pvc, hf or s3)")
 
 
+SAFETENSORS_HEADER_LIMIT = 100 * 1024**2  # the format's own bound on the JSON header
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """A .safetensors file's JSON header (tensor name -> dtype, shape, data_offsets; no tensor is read),
+    checked against the file's size: ValueError saying what is wrong when the file is not safetensors or
+    holds fewer bytes than its header promises (a copy cut short)."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        prefix = f.read(8)
+        if len(prefix) < 8:
+            raise ValueError(f"has {size} bytes, too few for a safetensors header")
+        (length,) = struct.unpack("<Q", prefix)
+        if length > SAFETENSORS_HEADER_LIMIT or 8 + length > size:
+            raise ValueError(f"announces a {length}-byte header but the file has {size} bytes in all")
+        try:
+            header: dict[str, Any] = json.loads(f.read(length))
+            end = max(
+                (int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0
+            )
+        except (ValueError, TypeError, KeyError, IndexError) as exc:
+            raise ValueError(f"has a header that is not safetensors JSON ({exc})") from None
+    if 8 + length + end != size:
+        raise ValueError(
+            f"has {size - 8 - length} bytes of tensor data where its header lists {end}: "
+            + ("the copy is cut short" if 8 + length + end > size else "trailing bytes")
+        )
+    return header
+
+
+def check_weights(uri: str, path: Path) -> None:
+    """Every top-level .safetensors file whole, and every shard a safetensors index names present: a model
+    copied in part fails here in milliseconds, not after the engine's start (a minute and more)."""
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            safetensors_header(file)
+        except (OSError, ValueError) as exc:
+            raise ModelSourceError(f"model {uri}: {file.name} {exc}", "ModelInvalid") from None
+    for index in sorted(path.glob("*.safetensors.index.json")):
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError, TypeError) as exc:
+            message = f"model {uri}: {index.name} has no readable weight_map ({exc})"
+            raise ModelSourceError(message, "ModelInvalid") from None
+        if missing := sorted(s for s in shards if not (path / s).is_file()):
+            raise ModelSourceError(
+                f"model {uri}: {index.name} names weight files that are not there: {', '.join(missing)}",
+                "ModelInvalid",
+            )
+
+
 def check_model_dir(uri: str, path: Path) -> Path:
-    """A loadable model directory has a readable config.json; anything else is a clear error."""
+    """A loadable model directory has a readable config.json and whole safetensors weights; anything else
+    is a clear error."""
     if not path.is_dir():
         raise ModelSourceError(f"model {uri}: {path} does not exist or is not a directory", "ModelNotFound")
     config = path / "config.json"
@@ -130,6 +183,7 @@ def check_model_dir(uri: str, path: Path) -> Path:
         raise ModelSourceError(
             f"model {uri}: {config} is unreadable or not JSON ({exc})", "ModelInvalid"
         ) from None
+    check_weights(uri, path)
     return path
 
 

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import openai
@@ -41,6 +42,19 @@ def test_probes_while_loading_then_ready(server: RuntimeProcess) -> None:
     assert retry_after is not None and int(retry_after) > 0
     assert server.get("/livez").status_code == 200
     assert server.get("/readyz").json() == {"status": "ready"}
+
+
+def test_the_seeded_model_info_answered_vllms_registry_inspection(
+    server: RuntimeProcess, model_info_seed: Path
+) -> None:
+    """serve copied the seed's answers into its own vLLM cache, and vLLM used the tiny Llama's as it was: an
+    answer vLLM had judged stale (or missing) it would have re-inspected and rewritten, with a newer mtime."""
+    answer = "vllm-model_executor-models-llama-LlamaForCausalLM.json"
+    seeded = model_info_seed / "modelinfos" / answer
+    used = server.workdir / "vllm-cache" / "modelinfos" / answer
+    assert len(list(seeded.parent.glob("*.json"))) > 100  # every architecture, not only the tiny model's
+    assert used.read_bytes() == seeded.read_bytes()
+    assert used.stat().st_mtime_ns == seeded.stat().st_mtime_ns
 
 
 def test_models_lists_served_name(server: RuntimeProcess) -> None:

@@ -219,3 +219,57 @@ def test_s3_key_through_a_symlink_out_of_the_cache_is_refused(
         resolve(parse_model_uri("s3://bkt/p"), str(tmp_path / "cache"))
     assert caught.value.reason == "ModelInvalid"
     assert store.written == [] and list(elsewhere.iterdir()) == []
+
+
+def write_weights(path: Path, name: str = "model.safetensors") -> Path:
+    """A real safetensors file (two tensors) written by the safetensors library, as a model's weights."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"a": np.zeros((4, 8), np.float32), "b": np.ones(3, np.float16)}, str(path / name))
+    return path / name
+
+
+def test_whole_weights_pass_and_give_their_header(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "m")
+    weights = write_weights(model)
+    assert resolve(parse_model_uri(f"file://{model}"), str(tmp_path / "cache")) == model
+    header = sources.safetensors_header(weights)
+    assert (header["a"]["shape"], header["b"]["dtype"]) == ([4, 8], "F16")
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda b: b[:-5], "has 129 bytes of tensor data where its header lists 134: the copy is cut"),
+        (lambda b: b + b"\0", "has 135 bytes of tensor data where its header lists 134: trailing bytes"),
+        (lambda b: b[:100], "announces a "),
+        (lambda b: b[:5], "has 5 bytes, too few for a safetensors header"),
+        (lambda b: b[:8] + b"{" * (len(b) - 8), "has a header that is not safetensors JSON"),
+    ],
+    ids=["cut-short", "trailing", "cut-in-header", "tiny", "not-json"],
+)
+def test_damaged_weights_are_model_invalid_naming_the_file(tmp_path: Path, damage: object, said: str) -> None:
+    model = write_model(tmp_path / "m")
+    weights = write_weights(model)
+    weights.write_bytes(damage(weights.read_bytes()))  # type: ignore[operator]
+    with pytest.raises(ModelSourceError) as caught:
+        resolve(parse_model_uri(f"file://{model}"), str(tmp_path / "cache"))
+    assert caught.value.reason == "ModelInvalid"
+    assert f"model file://{model}: model.safetensors {said}" in str(caught.value)
+
+
+def test_a_shard_the_index_names_but_the_folder_lacks_is_model_invalid(tmp_path: Path) -> None:
+    model = write_model(tmp_path / "m")
+    write_weights(model, "model-00001-of-00002.safetensors")
+    weight_map = {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(ModelSourceError) as caught:
+        resolve(parse_model_uri(f"file://{model}"), str(tmp_path / "cache"))
+    assert caught.value.reason == "ModelInvalid"
+    assert str(caught.value).endswith(
+        "model.safetensors.index.json names weight files that are not there: model-00002-of-00002.safetensors"
+    )
+    (model / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(ModelSourceError, match="has no readable weight_map"):
+        resolve(parse_model_uri(f"file://{model}"), str(tmp_path / "cache"))

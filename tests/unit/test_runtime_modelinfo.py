@@ -1,0 +1,54 @@
+"""Tier 1: serve copies vLLM's seeded model-registry answers (runtime/modelinfo.py) into its own cache;
+the runtime images make the seed at build time and name it."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from pagoda.runtime import modelinfo
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_only_the_answers_the_cache_lacks_are_copied_with_their_mtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seed, cache = tmp_path / "seed" / "modelinfos", tmp_path / "cache"
+    seed.mkdir(parents=True)
+    (seed / "a.json").write_text('{"hash": "seeded-a"}')
+    (seed / "b.json").write_text('{"hash": "seeded-b"}')
+    os.utime(seed / "a.json", ns=(1_000_000_000, 1_000_000_000))
+    (cache / "modelinfos").mkdir(parents=True)
+    (cache / "modelinfos" / "b.json").write_text('{"hash": "vllm-wrote-b"}')
+    monkeypatch.setenv(modelinfo.SEED_ENV, str(tmp_path / "seed"))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(cache))
+
+    assert modelinfo.install() == 1
+    assert (cache / "modelinfos" / "a.json").read_text() == '{"hash": "seeded-a"}'
+    assert (cache / "modelinfos" / "a.json").stat().st_mtime_ns == 1_000_000_000
+    assert (cache / "modelinfos" / "b.json").read_text() == '{"hash": "vllm-wrote-b"}'  # vLLM's own wins
+    assert modelinfo.install() == 0
+
+
+def test_no_seed_is_nothing_to_do_and_a_missing_one_is_logged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "cache"))
+    monkeypatch.delenv(modelinfo.SEED_ENV, raising=False)
+    assert modelinfo.install() == 0
+    monkeypatch.setenv(modelinfo.SEED_ENV, str(tmp_path / "nowhere"))
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.modelinfo"):
+        assert modelinfo.install() == 0
+    assert f"No model-info seed PAGODA_VLLM_SEED_DIR={tmp_path / 'nowhere'}" in caplog.text
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("dockerfile", ["runtime/Dockerfile", "runtime/Dockerfile.cpu"])
+def test_the_runtime_images_seed_at_build_time_and_name_the_seed(dockerfile: str) -> None:
+    text = (ROOT / dockerfile).read_text()
+    assert "python3 runtime/modelinfo.py /opt/pagoda/vllm-seed" in text
+    assert f"{modelinfo.SEED_ENV}=/opt/pagoda/vllm-seed" in text
