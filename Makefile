@@ -81,8 +81,10 @@ packages: ## Install the Debian packages the tests use (DEBIAN_COMMANDS) when mi
 	fi
 
 .PHONY: setup
-setup: ## venv, tools and packages side by side: pip and apt download while Go compiles.
-	$(MAKE) --no-print-directory -j3 venv tools packages
+setup: ## venv, tools, packages and the images that need no Go-built tool, side by side.
+	@# uv and apt download, and buildah unpacks wheels and writes layers, while Go compiles (`tools` keeps both
+	@# cores busy for most of a cold run; the images wait on disks and downloads as much as on the CPU).
+	$(MAKE) --no-print-directory -j4 venv tools packages images-early
 
 .PHONY: crds
 crds: venv ## Regenerate crds/ and the chart's copy from the pydantic models in operator/api.
@@ -184,6 +186,10 @@ lock: venv ## Regenerate the hashed lock files operator/requirements.lock and ru
 .PHONY: images
 images: venv tools packages ## Build every image (base stand-in, operator, picker, pause, CPU runtime) with buildah, offline.
 	$(PY) -m e2e.images all
+
+.PHONY: images-early
+images-early: venv packages ## The images that need no Go-built tool (all but the picker's), as `setup` builds them.
+	$(PY) -m e2e.images base operator pause runtime-cpu
 
 .PHONY: image-runtime-cpu
 image-runtime-cpu: venv packages ## Build only the CPU runtime image (runtime/Dockerfile.cpu, several GB) with buildah.
