@@ -126,13 +126,22 @@ test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the 
 test-e2e: venv tools packages images ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
-# `make test` runs what needs no engine (lint, tiers 1 and 2) beside tier 3 on the two cores (375 s together
-# against 466 s one after the other, docs/testing.md); each side's output is printed whole when it ends
+# `make test` runs two lanes side by side on the two cores, about equally long (docs/testing.md): tiers 1 and 2
+# in one; lint, then tier 3 (its engines) in the other. Each lane's output is printed whole when it ends
 # (--output-sync). Tier 4 follows alone: its engines start beside replicas serving load.
 .PHONY: test
 test: setup ## Install everything and run every test tier.
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse checks test-runtime
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse lane-tiers-1-2 lane-lint-tier-3
 	$(MAKE) --no-print-directory test-e2e
+
+.PHONY: lane-tiers-1-2 lane-lint-tier-3
+lane-tiers-1-2: venv tools packages
+	$(MAKE) --no-print-directory test-unit
+	$(MAKE) --no-print-directory test-integration
+
+lane-lint-tier-3: venv tools packages
+	$(MAKE) --no-print-directory lint
+	$(MAKE) --no-print-directory test-runtime
 
 .PHONY: checks
 checks: venv tools packages ## lint, then tiers 1 and 2 (one after another).

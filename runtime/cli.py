@@ -11,7 +11,7 @@ import os
 import sys
 from types import ModuleType
 
-from pagoda.runtime import signals, termination
+from pagoda.runtime import signals, sources, termination
 from pagoda.runtime.config import ConfigError, ServeConfig, add_serve_flags, config_from_args
 
 log = logging.getLogger("pagoda.runtime")
@@ -62,6 +62,14 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
     except ConfigError as exc:
         termination.write(termination.invalid_config(str(exc)))
         parser.exit(2, f"pagoda-runtime serve: error: {exc}\n")
+
+    try:
+        sources.check_local(config.model)
+    except sources.ModelSourceError as exc:  # the same lines as a failure after the engine's imports
+        log.error("Failed to load model uri=%s error=%s: %s", config.model, type(exc).__name__, exc)
+        termination.write(termination.model_source(exc.reason, str(exc)))
+        log.info("Stopped runtime exit_code=1")
+        return 1
 
     import uvloop
 

@@ -187,6 +187,15 @@ def check_model_dir(uri: str, path: Path) -> Path:
     return path
 
 
+def check_local(uri: str) -> None:
+    """`check_model_dir` for a model already on this machine (file://, pvc://), for `serve` to run before it
+    imports the engine: a wrong path or a damaged copy then fails in milliseconds rather than after the 15 s
+    of importing torch and vLLM. Downloads (hf://, s3://) are checked when they have arrived."""
+    source = parse_model_uri(uri)
+    if source.scheme in ("file", "pvc"):
+        check_model_dir(uri, Path(source.location))
+
+
 def resolve(source: ModelSource, cache_dir: str, revision: str | None = None) -> Path:
     """Return a local model directory, downloading it first for hf:// and s3://. Blocking."""
     return check_model_dir(source.uri, fetch(source, cache_dir, revision))

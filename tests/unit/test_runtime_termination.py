@@ -175,3 +175,22 @@ def test_engine_processes_report_the_first_start_failure(
     finally:
         for handler in reporters:
             logging.getLogger("vllm").removeHandler(handler)
+
+
+def test_a_local_model_that_is_not_there_fails_before_the_engine_is_imported(tmp_path: Path) -> None:
+    """`serve` checks a file:// or pvc:// model before it imports torch and vLLM (runtime/cli.py): exit 1,
+    the termination message, and neither library loaded."""
+    import subprocess
+    import sys
+
+    message = tmp_path / "termination-log"
+    probe = (
+        "import sys; from pagoda.runtime.cli import main; "
+        f"rc = main(['serve', '--model', 'file://{tmp_path}/nope']); "
+        "print(rc, sorted(m for m in ('torch', 'vllm') if m in sys.modules))"
+    )
+    env = {"PAGODA_TERMINATION_MESSAGE_PATH": str(message), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split("\n")[0] == "1 []", done.stdout + done.stderr
+    assert f"Failed to load model uri=file://{tmp_path}/nope error=ModelSourceError" in done.stderr
+    assert message.read_text().startswith(f"ModelNotFound: model file://{tmp_path}/nope: ")
