@@ -102,7 +102,9 @@ lint: venv tools ## ruff, mypy (strict on operator/ and runtime/), actionlint (.
 	mkdir -p $(DEV)/mypy-src/pagoda
 	ln -sfn ../../../operator $(DEV)/mypy-src/pagoda/operator
 	ln -sfn ../../../runtime $(DEV)/mypy-src/pagoda/runtime
-	MYPYPATH=$(DEV)/mypy-src $(PY) -m mypy -p pagoda.operator -p pagoda.runtime
+	@# mypy's cache is shared by every checkout (it re-checks a module whose source hash changed): from an empty
+	@# cache mypy --strict reads vLLM, torch and the kubernetes client and takes about 2 minutes, with it 5 s.
+	MYPYPATH=$(DEV)/mypy-src MYPY_CACHE_DIR=$(HOME)/.cache/pagoda/mypy $(PY) -m mypy -p pagoda.operator -p pagoda.runtime
 	@# Every test module of every tier imports (a name a refactor removed fails here, not 20 minutes into tier 4),
 	@# collected in one run as `pytest tests e2e` would: helper modules need names unique across the tiers.
 	$(PY) -m pytest -p no:cacheprovider --collect-only -q tests e2e > /dev/null
