@@ -61,13 +61,17 @@ def install() -> int:
     from vllm import envs
 
     target = Path(envs.VLLM_CACHE_ROOT) / SUBDIR
-    target.mkdir(parents=True, exist_ok=True)
     copied = 0
-    for answer in source.glob("*.json"):
-        destination = target / answer.name
-        if not destination.exists():
-            shutil.copy2(answer, destination)  # keeps the seed's mtime: a re-inspection would show as newer
-            copied += 1
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for answer in source.glob("*.json"):
+            destination = target / answer.name
+            if not destination.exists():
+                shutil.copy2(answer, destination)  # keeps the seed's mtime: a re-inspection shows as newer
+                copied += 1
+    except OSError as exc:  # an optimisation only: the engine still starts (vLLM names what it cannot write)
+        log.warning("Could not seed vLLM's model-info cache into=%s error=%s", target, exc)
+        return copied
     log.info("Seeded vLLM's model-info cache files=%d from=%s into=%s", copied, source, target)
     return copied
 

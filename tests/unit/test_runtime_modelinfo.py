@@ -47,6 +47,19 @@ def test_no_seed_is_nothing_to_do_and_a_missing_one_is_logged(
     assert not (tmp_path / "cache").exists()
 
 
+def test_a_cache_that_cannot_be_written_is_logged_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    (tmp_path / "seed" / "modelinfos").mkdir(parents=True)
+    (tmp_path / "seed" / "modelinfos" / "a.json").write_text("{}")
+    (tmp_path / "not-a-folder").write_text("")
+    monkeypatch.setenv(modelinfo.SEED_ENV, str(tmp_path / "seed"))
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "not-a-folder" / "vllm"))
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.modelinfo"):
+        assert modelinfo.install() == 0
+    assert "Could not seed vLLM's model-info cache" in caplog.text
+
+
 @pytest.mark.parametrize("dockerfile", ["runtime/Dockerfile", "runtime/Dockerfile.cpu"])
 def test_the_runtime_images_seed_at_build_time_and_name_the_seed(dockerfile: str) -> None:
     text = (ROOT / dockerfile).read_text()
