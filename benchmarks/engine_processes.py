@@ -34,8 +34,14 @@ import psutil
 from runtime_vs_vllm import ROOT, VLLM_ONLY, throughput
 from servers import BIN, Server, prepare
 
-SAMPLE_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": "1"}
-IN_ENGINE_CORE = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+sys.path.insert(0, str(ROOT))
+from e2e.processes import sample_engine_env  # noqa: E402
+
+# examples/tiny-cpu.yaml's engine settings, read where the tests read them; the kinds differ only in where
+# the model runs, the sample's VLLM_ENABLE_V1_MULTIPROCESSING.
+ENGINE_CORE_VAR = "VLLM_ENABLE_V1_MULTIPROCESSING"
+SAMPLE_ENV = {k: v for k, v in sample_engine_env().items() if k != ENGINE_CORE_VAR}
+IN_ENGINE_CORE = {ENGINE_CORE_VAR: sample_engine_env()[ENGINE_CORE_VAR]}
 SEEDED = "in EngineCore, model info seeded"  # its PAGODA_VLLM_SEED_DIR is set in main()
 KINDS: dict[str, dict[str, str]] = {
     "worker process": {},
