@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import psutil
 import yaml
 from kubernetes.utils.quantity import parse_quantity
@@ -36,7 +38,7 @@ from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
 from e2e.observability import Load, PrometheusAt
 from e2e.processes import wait_until
-from e2e.realpods import finished, ready_pods, service_url, wait_condition
+from e2e.realpods import condition, finished, get_json, ready_pods, service_url, wait_condition
 from pagoda.operator.resources.scaledobject import queue_depth_query
 
 NAME = "tiny"
@@ -318,9 +320,9 @@ def frozen(pid: int) -> Iterator[None]:
 def scaled_object_condition(sampler: Sampler, kind: str) -> str | None:
     """The status ("True", "False") of the ScaledObject's condition `kind` (Ready, Active, Fallback)."""
     obj = sampler.get(f"/apis/keda.sh/v1alpha1/namespaces/{sampler.namespace}/scaledobjects/{NAME}") or {}
-    for condition in (obj.get("status") or {}).get("conditions") or []:
-        if condition.get("type") == kind:
-            return str(condition.get("status"))
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return str(cond.get("status"))
     return None
 
 
@@ -392,3 +394,78 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+@dataclass
+class Prewarm:
+    """What the pre-warm window did (UTC wall-clock times)."""
+
+    opens: float  # the window's start
+    closes: float  # its end
+    warm_up: float  # seconds early the cron trigger asks for the replicas
+    triggers: list[dict[str, Any]] = field(default_factory=list)  # the ScaledObject's, as applied
+    created: float | None = None  # the warm replica's pod
+    ready: float | None = None  # ... Ready
+    ready_in_window: int = 0  # Ready replicas a little after the window opened
+    served: int | None = None  # the HTTP status of a chat request through the Service then
+    released: float | None = None  # back to MIN_REPLICAS Ready and desired
+
+
+# One minute (cron's resolution): after the scenario the image is on the node and a replica was Ready 22 s
+# after its pod was created (and that 10-20 s after the trigger opened: KEDA's poll, the HPA's sync).
+PREWARM_WARM_UP_SECONDS = 60
+
+
+def run_prewarm(cluster: Cluster, namespace: str) -> Prewarm:
+    """A one-minute spec.autoscaling.schedule window for 2 replicas on the autoscaled service (at its minimum,
+    1, with no load): the second replica must start during the warm-up before the window, serve in it, and
+    go after it. The window opens at the first whole minute at least the warm-up and 15 s away."""
+    now = datetime.now(UTC)
+    soonest = now + timedelta(seconds=PREWARM_WARM_UP_SECONDS + 15)
+    opens = soonest.replace(second=0, microsecond=0) + timedelta(minutes=1 if soonest.second else 0)
+    closes = opens + timedelta(minutes=1)
+    window = {"start": opens.strftime("%H:%M"), "end": closes.strftime("%H:%M"), "minReplicas": 2}
+    before = {p["metadata"]["name"] for p in ready_pods(cluster, namespace, NAME)}
+    spec = {"autoscaling": {"schedule": [window], "warmUpSeconds": PREWARM_WARM_UP_SECONDS}}
+    cluster.kubectl(
+        "-n", namespace, "patch", "inferenceservice", NAME, "--type=merge", "-p", json.dumps({"spec": spec})
+    )
+    result = Prewarm(opens.timestamp(), closes.timestamp(), PREWARM_WARM_UP_SECONDS)
+
+    def scaled_object_triggers() -> list[dict[str, Any]] | None:
+        found = get_json(cluster, "-n", namespace, "scaledobject", NAME)["spec"]["triggers"]
+        return found if any(t["type"] == "cron" for t in found) else None
+
+    result.triggers = wait_until(scaled_object_triggers, "the cron trigger", timeout=60, interval=1)
+
+    def warm_pod() -> dict[str, Any] | None:
+        new = [p for p in ready_pods(cluster, namespace, NAME) if p["metadata"]["name"] not in before]
+        return new[0] if new else None
+
+    # Ready before the window opens, if the warm-up is long enough; the wait allows the window's minute too.
+    pod = wait_until(warm_pod, "the warm replica Ready", timeout=opens.timestamp() - time.time() + 60)
+    result.created = _epoch(pod["metadata"]["creationTimestamp"])
+    result.ready = _epoch(condition(pod, "Ready")["lastTransitionTime"])
+    time.sleep(max(0.0, opens.timestamp() + 10 - time.time()))
+    result.ready_in_window = len(ready_pods(cluster, namespace, NAME))
+    url = service_url(cluster, namespace, NAME)
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}
+    result.served = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60).status_code
+
+    def back_to_min() -> bool:
+        deployment = get_json(cluster, "-n", namespace, "deployment", NAME)
+        status = deployment.get("status") or {}
+        return (
+            deployment["spec"].get("replicas") == MIN_REPLICAS
+            and status.get("readyReplicas") == MIN_REPLICAS
+            and status.get("replicas") == MIN_REPLICAS
+        )
+
+    left = closes.timestamp() - time.time()
+    wait_until(back_to_min, "the floor released after the window", timeout=left + 240, interval=1)
+    result.released = time.time()
+    return result
+
+
+def _epoch(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()

@@ -4,8 +4,9 @@ API server, the HPA that KEDA manages asks for more replicas, new pods start rea
 Ready, the load (through the Service's ClusterIP, from keep-alive clients that never retry) spreads over
 them; at the peak Prometheus hangs (SIGSTOP): KEDA falls back and holds the replicas instead of acting on
 metrics it cannot read; once Prometheus answers again and the load ends, replicas return to the minimum after
-the cooldown and the removed pods drain: no request fails over the whole run. The scenario is
-e2e/autoscaling.py."""
+the cooldown and the removed pods drain: no request fails over the whole run. Then a one-minute pre-warm
+window (spec.autoscaling.schedule, a KEDA cron trigger) starts a replica before it opens and releases it
+after. The scenario is e2e/autoscaling.py."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from e2e.autoscaling import (
     TARGET_IN_FLIGHT,
     Sampler,
     frozen,
+    run_prewarm,
     run_scenario,
     scaled_object_condition,
 )
@@ -33,7 +35,7 @@ from e2e.stack import DEFAULT_PROMETHEUS, Stack
 pytestmark = pytest.mark.e2e
 
 
-@pytest.mark.timeout(1200)  # three real runtimes start one after another on two cores
+@pytest.mark.timeout(1500)  # three real runtimes start one after another on two cores; a pre-warm window
 def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     stack: Stack, operator: ChartOperator, namespace: str
 ) -> None:
@@ -118,6 +120,21 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     assert (min(desired), max(desired), desired[-1]) == (MIN_REPLICAS, MAX_REPLICAS, MIN_REPLICAS)
     assert (max(ready), ready[-1]) == (MAX_REPLICAS, MIN_REPLICAS)
     assert max(series(("Scaling events", "desired replicas changed"))) >= 1
+
+    # Pre-warming: a one-minute schedule window for 2 replicas on the idle service (at 1). The warm replica
+    # starts in the warm-up before the window (not before it), is Ready about when the window opens (the
+    # margin: a replica starts in 20-40 s here, on shared cores), serves in it through the Service, and goes
+    # after it.
+    warm = run_prewarm(stack.cluster, namespace)
+    print(f"\nPre-warm: {warm}")
+    [cron] = [t for t in warm.triggers if t["type"] == "cron"]
+    assert (cron["name"], cron["metadata"]["desiredReplicas"]) == ("warm-0", "2"), cron
+    assert warm.created is not None and warm.ready is not None
+    # Created after the cron trigger opened (its second-resolution timestamp; KEDA polls every few seconds).
+    assert warm.opens - warm.warm_up - 1 <= warm.created < warm.opens, warm
+    assert warm.ready <= warm.opens + 20, warm
+    assert (warm.ready_in_window, warm.served) == (2, 200), warm
+    assert warm.released is not None and warm.released > warm.closes, warm
 
 
 class PrometheusOutage:

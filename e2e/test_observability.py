@@ -43,7 +43,7 @@ from e2e.observability import (
     resolve_variables,
 )
 from e2e.processes import wait_until
-from e2e.realpods import pods, service_url, wait_condition
+from e2e.realpods import get_json, pods, service_url, wait_condition
 from pagoda.runtime.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
@@ -126,6 +126,14 @@ def served(cluster: Cluster, operator: ChartOperator) -> dict[str, Any]:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service))
     wait_condition(cluster, namespace, name, "Ready", timeout=READY_TIMEOUT)
     (pod,) = pods(cluster, namespace, name)
+    # The start-up panels read status.startup (through kube-state-metrics), written once the operator has
+    # asked the Ready pod for its phases.
+    wait_until(
+        lambda: get_json(cluster, "-n", namespace, "inferenceservice", name)["status"].get("startup"),
+        "status.startup of ml/tiny",
+        timeout=120,
+        interval=1,
+    )
     return pod
 
 

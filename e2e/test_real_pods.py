@@ -15,6 +15,7 @@ fail requests, and each rollout starts one engine, not two, beside the one servi
 e2e/test_autoscaling.py's.)
 4. etcd and the API server restarted under load: no request fails, the operator converges on a spec change
    made right after, with one Event and no rewrite.
+Test 1 also reads where each replica's start went (status.startup, every phase, adding up).
 5. A runtime that cannot start crashes for real: restarts, a termination message, and the InferenceService
    turns Degraded with the runtime's own reason.
 The load goes through the Service's ClusterIP (kube-proxy) from clients that keep their connections alive
@@ -23,6 +24,7 @@ and never retry, as a user's would; each replaced pod drains and exits 0 by itse
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -51,6 +53,7 @@ from e2e.realpods import (
     service_url,
     wait_condition,
 )
+from pagoda.operator.reconcile.startup import PHASES as STARTUP_STATUS_PHASES
 from pagoda.operator.resources.meta import RESTARTED_AT_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
@@ -163,6 +166,29 @@ def test_pods_run_for_real_in_a_restricted_namespace(cluster: Cluster, serving: 
     ).stdout.splitlines()
     assert "KV TOKENS" in header and "MAX CONCURRENCY" in header, header
     assert str(smallest["kvCacheTokens"]) in row.split(), row
+
+    # Where each replica's start went: the kubelet's phases from the Pod, the runtime's from itself.
+    def both_started() -> dict[str, Any] | None:
+        found = get_json(cluster, "-n", serving, "inferenceservice", "tiny")["status"].get("startup")
+        return found if found and len(found.get("recent") or []) == REPLICAS else None
+
+    startup = wait_until(both_started, "status.startup for both replicas", timeout=120, interval=1)
+    print("status.startup:", json.dumps(startup))  # the figures docs/observability.md quotes
+    assert sorted(r["pod"] for r in startup["recent"]) == sorted(p["metadata"]["name"] for p in running)
+    for start in startup["recent"]:
+        phases = start["phases"]
+        assert set(phases) == set(STARTUP_STATUS_PHASES), phases  # every phase
+        assert phases["imports"] > 1 and phases["engineInit"] > 0, phases
+        # The Pod's timestamps have whole seconds: the phases add up to the total within a few.
+        assert abs(sum(phases.values()) - start["seconds"]) <= 4, start
+        assert start["modelBytes"] > 1_000_000, start  # the tiny model baked into the image
+    # The newest start (both may have become Ready in the same second).
+    assert startup["last"] in startup["recent"]
+    assert startup["last"]["readyAt"] == max(r["readyAt"] for r in startup["recent"])
+    assert startup["typical"]["starts"] == REPLICAS
+    header, row = cluster.kubectl("-n", serving, "get", "inferenceservice", "tiny").stdout.splitlines()
+    assert "COLD-START" in header, header
+    assert str(startup["last"]["seconds"]).removesuffix(".0") in row.split(), row
 
 
 def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: str) -> None:

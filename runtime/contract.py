@@ -25,7 +25,10 @@ TERMINATION_MESSAGE_ENV = "PAGODA_TERMINATION_MESSAGE_PATH"
 
 # The runtime's management API, which the operator calls on each Ready pod.
 ADAPTERS_PATH = "/v1/pagoda/adapters"  # GET the loaded adapters; PUT/DELETE /{name}
-CAPACITY_PATH = "/v1/pagoda/capacity"  # GET the KV cache's size in tokens and the engine's limits
+CAPACITY_PATH = "/v1/pagoda/capacity"  # GET the KV cache's size and limits, and the start-up phases
+# The runtime's start-up phases, in order (runtime/startup.py), as CAPACITY_PATH reports them under `startup`
+# and the operator copies them into status.startup between the kubelet's phases.
+STARTUP_PHASES = ("imports", "modelFetch", "engineSetup", "weightLoad", "engineInit", "apiServer")
 # Calls to ADAPTERS_PATH must be signed by the operator (runtime/management.py); the pod holds the public key
 # in this file, mounted from the ConfigMap the operator writes per service.
 MANAGEMENT_KEY_DIR = "/etc/pagoda/management"

@@ -34,13 +34,22 @@ class EngineFailure:
     message: str
 
 
-class StartFailureReporter(logging.Handler):
+class FileReport(logging.Handler):
+    """A handler of vLLM's logger that reports to the runtime through the file `path` (the handlers Pagoda's
+    vLLM plugins add; `LEVEL`: the records it sees)."""
+
+    LEVEL = logging.INFO
+
+    def __init__(self, path: str) -> None:
+        super().__init__(level=self.LEVEL)
+        self.path = path
+
+
+class StartFailureReporter(FileReport):
     """Writes the first start-up failure that vLLM logs to `path` (exclusive create: the root cause, the
     process that failed first, wins over the ones that fail because of it)."""
 
-    def __init__(self, path: str) -> None:
-        super().__init__(level=logging.ERROR)
-        self.path = path
+    LEVEL = logging.ERROR
 
     def emit(self, record: logging.LogRecord) -> None:
         if record.msg not in START_FAILURE_MESSAGES or not record.exc_info or record.exc_info[1] is None:
@@ -50,12 +59,18 @@ class StartFailureReporter(logging.Handler):
 
 def register() -> None:
     """The vLLM plugin entry point: runs in each vLLM process, possibly more than once."""
-    path = os.environ.get(REPORT_ENV)
+    add_vllm_handler(REPORT_ENV, StartFailureReporter)
+
+
+def add_vllm_handler(env: str, handler: type[FileReport]) -> None:
+    """What Pagoda's vLLM plugins do in each vLLM process: when the runtime named a file in `env`, add a
+    `handler` of it to vLLM's logger, once (vLLM may load its plugins more than once in a process)."""
+    path = os.environ.get(env)
     if not path:
         return
     logger = logging.getLogger("vllm")
-    if not any(isinstance(handler, StartFailureReporter) for handler in logger.handlers):
-        logger.addHandler(StartFailureReporter(path))
+    if not any(isinstance(existing, handler) for existing in logger.handlers):
+        logger.addHandler(handler(path))
 
 
 def write_report(path: str, exc: BaseException) -> None:

@@ -25,6 +25,7 @@ from pagoda.runtime.config import ServeConfig
 from pagoda.runtime.lora import parse_lora_flag
 from pagoda.runtime.progress import ProgressWatch
 from pagoda.runtime.server import PagodaApp, RuntimeState
+from pagoda.runtime.startup import StartupClock, folder_bytes
 
 KEEP_ALIVE_SECONDS = 65
 # A drain ends once no request came for this long (and none is inside): clients under load send their next
@@ -107,7 +108,7 @@ class Runtime:
         )
         self.stop = asyncio.Event()
         self.exit_code = 0
-        self.started = time.monotonic()
+        self.clock = self.state.status.startup = StartupClock()  # its first phase, imports, ends below
         # Stopped while the engine loaded: its loading thread is still inside native code (torch, vLLM), and
         # tearing the interpreter down under it can crash the process (SIGSEGV, exit 139) after a clean
         # stop; cli.py then leaves without that teardown.
@@ -165,24 +166,37 @@ class Runtime:
         args, config = self.vllm_args, self.config
         report = enginefailure.prepare_report()  # before any engine process starts
 
+        clock = self.clock
+
         def load() -> Any:
+            clock.begin("modelFetch")
             path = sources.resolve(source, config.cache_dir, config.revision)
+            clock.model_bytes = folder_bytes(path)
             args.model = str(path)
             log.info("Started engine model=%s path=%s", config.model, path)
-            return eng.create_engine(args)
+            clock.begin("engineSetup")
+            clock.expect_vllm_timings()
+            try:
+                return eng.create_engine(args)
+            finally:
+                clock.read_vllm_timings()
 
         loading = eng.run_in_daemon_thread(load, "pagoda-engine-load")
         stopped = asyncio.create_task(self.stop.wait())
         await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)
         if not loading.done():
             stopped.cancel()
-            log.info("Stopped while loading model=%s", config.model)
+            log.info("Stopped while loading model=%s phase=%s", config.model, clock.current)
+            # Kept by the kubelet when it restarts the container (a startup probe that ran out): the
+            # operator names the phase in StartupTimeout.
+            termination.write(termination.stopped_while_loading(clock), error=False)
             reap_children()  # makes a pending EngineCore handshake fail
             self.abandoned_load = True
             return
         stopped.cancel()
         try:
             self.state.engine = loading.result()
+            clock.begin("apiServer")
             app = await eng.build_vllm_app(self.state.engine, args, server, stack)
             self.state.engine_registry = _engine_registry()
         except Exception as exc:
@@ -196,16 +210,17 @@ class Runtime:
             self.request_stop("model load failed", exit_code=1)
             return
         await self._start_adapters(app, Path(args.model))
-        self.state.inner = app  # ready from here
-        self.state.status.model_load_seconds = time.monotonic() - self.started
         kv = self.state.status.kv_cache = capacity.from_vllm_config(self.state.engine.vllm_config)
+        clock.ready()
+        self.state.inner = app  # ready from here
         log.info(
-            "Loaded model uri=%s name=%s seconds=%.1f kv_cache_tokens=%s max_concurrency=%s",
+            "Loaded model uri=%s name=%s seconds=%.1f kv_cache_tokens=%s max_concurrency=%s phases=%r",
             config.model,
             config.name,
-            self.state.status.model_load_seconds,
+            clock.total(),
             kv.tokens if kv else "unknown",
             f"{kv.max_concurrency:.2f}" if kv else "unknown",
+            clock.summary(),
         )
         watchdog = asyncio.create_task(self._watch_engine())
         await self.stop.wait()

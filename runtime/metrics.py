@@ -12,11 +12,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 
 from pagoda.runtime import contract
 from pagoda.runtime.capacity import KvCacheCapacity
 from pagoda.runtime.lora import AdapterTracker
+from pagoda.runtime.startup import PHASES, StartupClock
 
 WAITING = ("vllm:num_requests_waiting",)
 RUNNING = ("vllm:num_requests_running",)
@@ -40,7 +46,7 @@ class ServerStatus:
     ready: bool = False
     draining: bool = False
     stalled_seconds: float = 0.0  # the engine busy without progress (progress.py)
-    model_load_seconds: float = 0.0
+    startup: StartupClock | None = None  # the start-up phases (startup.py)
     rejected_draining: int = 0
     kv_cache: KvCacheCapacity | None = None  # once the engine is loaded
     adapters: AdapterTracker | None = None  # with LoRA on: per-adapter counts
@@ -111,7 +117,11 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
             "Seconds the engine has had requests and produced no token (0 while it makes progress).",
             status.stalled_seconds,
         ),
-        gauge("pagoda_model_load_seconds", "Seconds from start to engine ready.", status.model_load_seconds),
+        gauge(
+            "pagoda_model_load_seconds",
+            "Seconds from the process's start to ready (0 while loading): the sum of the start-up phases.",
+            status.startup.total() if status.startup and status.startup.ready_at else 0.0,
+        ),
         gauge(
             "pagoda_kv_cache_capacity_tokens",
             "Tokens the KV cache holds (0 until the engine is loaded).",
@@ -123,8 +133,44 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
             kv.max_concurrency if kv else 0.0,
         ),
         rejected,
+        *startup_families(status),
         *adapter_families(status),
     ]
+
+
+# Seconds: a tiny model's phases on a CPU take 0.01-30 s, a large one's download or compile many minutes.
+STARTUP_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600)
+
+
+def startup_families(status: ServerStatus) -> list[Metric]:
+    """Once ready, each start-up phase this process went through (startup.py) as one observation of
+    `pagoda_startup_phase_seconds{phase}`: summed over pods, where start-up time goes. Also the model's size
+    on disk. None while loading."""
+    clock = status.startup
+    if clock is None or clock.ready_at is None:
+        return []
+    phases = HistogramMetricFamily(
+        "pagoda_startup_phase_seconds",
+        "Seconds this replica's start spent in each phase (imports, modelFetch, engineSetup, weightLoad, "
+        "engineInit, apiServer); one observation per phase per process.",
+        labels=["model_name", "phase"],
+    )
+    for name in PHASES:
+        if name not in clock.phases:
+            continue
+        seconds = clock.phases[name]
+        buckets = [(str(float(le)), float(seconds <= le)) for le in STARTUP_BUCKETS] + [("+Inf", 1.0)]
+        phases.add_metric([status.model_name, name], buckets, seconds)
+    families: list[Metric] = [phases]
+    if clock.model_bytes is not None:
+        size = GaugeMetricFamily(
+            "pagoda_startup_model_bytes",
+            "Bytes of the model folder this replica loaded.",
+            labels=["model_name"],
+        )
+        size.add_metric([status.model_name], float(clock.model_bytes))
+        families.append(size)
+    return families
 
 
 def adapter_families(status: ServerStatus) -> list[Metric]:

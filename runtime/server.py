@@ -203,7 +203,8 @@ class PagodaApp:
         await send({"type": "http.response.body", "body": body})
 
     async def _capacity(self, send: Send) -> None:
-        """The KV cache's capacity as JSON: 503 until the engine is loaded, then fixed for the pod's life."""
+        """The KV cache's capacity and the start-up phases (startup.py) as JSON: 503 until the engine is
+        loaded, then fixed for the pod's life."""
         kv = self.state.status.kv_cache
         if kv is None:
             body = openai_error(
@@ -211,7 +212,9 @@ class PagodaApp:
             )
             await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
             return
-        await _send_json(send, 200, kv.as_json(), [])
+        clock = self.state.status.startup
+        startup = {"startup": clock.as_json()} if clock is not None and clock.ready_at is not None else {}
+        await _send_json(send, 200, {**kv.as_json(), **startup}, [])
 
     async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A management call: its body read (it is small), its signature checked, then the adapters API."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from pagoda.runtime import contract
 from pagoda.runtime.enginefailure import EngineFailure
+from pagoda.runtime.startup import StartupClock
 
 log = logging.getLogger("pagoda.runtime")
 
@@ -51,9 +52,11 @@ class Fatal:
         return f"{self.reason}: {self.message}"
 
 
-def write(fatal: Fatal, path: str | None = None) -> None:
-    """Log the failure and write it to the termination-message file (when one is configured)."""
-    log.error("Exiting on a fatal error reason=%s message=%r", fatal.reason, fatal.message)
+def write(fatal: Fatal, path: str | None = None, *, error: bool = True) -> None:
+    """Log the failure (`error`: as one) and write it to the termination-message file (when one is
+    configured)."""
+    if error:
+        log.error("Exiting on a fatal error reason=%s message=%r", fatal.reason, fatal.message)
     path = path or os.environ.get(PATH_ENV)
     if not path:
         return
@@ -100,6 +103,16 @@ def engine_stalled(seconds: float, timeout: float) -> Fatal:
         f"the vLLM engine had requests and produced no token for {seconds:.0f}s (the limit is "
         f"{timeout:.0f}s); the container restarts; if the engine's steps can take that long, raise "
         "spec.runtime.stallTimeoutSeconds",
+    )
+
+
+def stopped_while_loading(clock: StartupClock) -> Fatal:
+    """Stopped before the model was loaded: the kubelet does that when the startup probe runs out, and then
+    keeps this message; the phase it was in says where the start-up budget went."""
+    return Fatal(
+        "StoppedWhileLoading",
+        f"stopped {clock.total() + clock.in_phase():.0f}s after the process started, in start-up phase "
+        f"{clock.current} for {clock.in_phase():.0f}s (done before it: {clock.summary()})",
     )
 
 

@@ -11,7 +11,7 @@ from .network import NetworkPeer, NetworkPolicySpec
 from .restarts import RestartSchedule, RestartWindow
 from .routing import EndpointPickerSpec, GatewayRef, RoutingSpec
 from .rules import MSG_NAME
-from .scaling import AutoscalingSpec, KvCacheTrigger
+from .scaling import AutoscalingSpec, KvCacheTrigger, WarmWindow
 from .spec import InferenceServiceSpec
 from .status import CONDITION_TYPES, Condition, InferenceServiceStatus
 from .workload import (
@@ -53,6 +53,7 @@ __all__ = [
     "error_messages",
     "field_path",
     "AutoscalingSpec",
+    "WarmWindow",
     "ChatTemplate",
     "Condition",
     "ConfigMapKeyRef",

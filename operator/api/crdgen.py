@@ -48,6 +48,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "LoRA adapters served by every Ready replica / adapters in the spec.",
     },
     {"name": "URL", "type": "string", "jsonPath": ".status.url", "description": "In-cluster OpenAI API URL."},
+    {
+        "name": "Cold-Start",
+        "type": "number",
+        "jsonPath": ".status.startup.last.seconds",
+        "description": "Seconds from pod creation to Ready of the replica that started last (status.startup "
+        "says where they went).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Status",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from typing import ClassVar, Self
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -45,22 +46,14 @@ def time_zone(name: str) -> ZoneInfo:
         raise ValueError(f"{name!r} is not a known IANA time zone (e.g. UTC or Europe/Berlin)") from exc
 
 
-class RestartWindow(ApiModel):
-    """The daily window restarts wait for."""
+class DailyWindow(ApiModel):
+    """What a daily window (RestartWindow, scaling.WarmWindow) checks: a known time zone, a start and an end
+    that differ (`EMPTY`: the message when they do not). Each subclass declares start and end with its own
+    descriptions."""
 
-    model_config = ConfigDict(json_schema_extra=validations(RESTART_WINDOW_RULES))
-
-    start: str = Field(
-        max_length=5,
-        pattern=CLOCK_PATTERN,
-        description="When the window opens each day, HH:MM (24-hour) in timeZone.",
-    )
-    end: str = Field(
-        max_length=5,
-        pattern=CLOCK_PATTERN,
-        description="When it closes, HH:MM, exclusive; earlier than start for a window across midnight "
-        "(e.g. 22:00 to 04:00). A restart starts inside the window; its rollout may run past the end.",
-    )
+    EMPTY: ClassVar[str]
+    start: str
+    end: str
     time_zone: str = Field(
         default="UTC",
         min_length=1,
@@ -76,14 +69,33 @@ class RestartWindow(ApiModel):
         return value
 
     @model_validator(mode="after")
-    def _not_empty(self) -> RestartWindow:
+    def _not_empty(self) -> Self:
         if self.start == self.end:
-            raise ValueError(MSG_RESTART_WINDOW)
+            raise ValueError(self.EMPTY)
         return self
 
     @property
     def zone(self) -> ZoneInfo:
         return time_zone(self.time_zone)
+
+
+class RestartWindow(DailyWindow):
+    """The daily window restarts wait for."""
+
+    model_config = ConfigDict(json_schema_extra=validations(RESTART_WINDOW_RULES))
+    EMPTY: ClassVar[str] = MSG_RESTART_WINDOW
+
+    start: str = Field(
+        max_length=5,
+        pattern=CLOCK_PATTERN,
+        description="When the window opens each day, HH:MM (24-hour) in timeZone.",
+    )
+    end: str = Field(
+        max_length=5,
+        pattern=CLOCK_PATTERN,
+        description="When it closes, HH:MM, exclusive; earlier than start for a window across midnight "
+        "(e.g. 22:00 to 04:00). A restart starts inside the window; its rollout may run past the end.",
+    )
 
 
 class RestartSchedule(ApiModel):

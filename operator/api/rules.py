@@ -85,6 +85,11 @@ MSG_RESTART_EVERY = (
     "(e.g. 12h, 90m or 1h30m)"
 )
 MSG_RESTART_WINDOW = "spec.restartSchedule.window: start and end must differ"
+MSG_WARM_WINDOW = "spec.autoscaling.schedule: a window's start and end must differ"
+MSG_WARM_MIN = (
+    "spec.autoscaling.schedule: a window's minReplicas must be at most spec.autoscaling.maxReplicas"
+)
+MSG_WARM_DAYS = "spec.autoscaling.schedule: a window's days must not repeat a day"
 # A Go duration of whole hours, minutes and seconds, at least one of them (what CEL's duration() reads);
 # the digit limits keep every value inside Go's duration range, so the rule below never fails to evaluate.
 RESTART_EVERY_PATTERN = r"^([0-9]{1,4}h([0-9]{1,6}m)?([0-9]{1,8}s)?|[0-9]{1,6}m([0-9]{1,8}s)?|[0-9]{1,8}s)$"
@@ -160,6 +165,11 @@ AUTOSCALING_RULES = [
         MSG_TARGET_QUEUE_DEPTH,
         ".targetQueueDepth",
     ),
+    rule(
+        "!has(self.schedule) || self.schedule.all(w, w.minReplicas <= self.maxReplicas)",
+        MSG_WARM_MIN,
+        ".schedule",
+    ),
 ]
 KV_TRIGGER_RULES = [
     rule("self.targetRatio > 0.0 && self.targetRatio <= 1.0", MSG_KV_TARGET, ".targetRatio"),
@@ -222,6 +232,7 @@ LORA_RULES = [
     ),
 ]
 RESTART_WINDOW_RULES = [rule("self.start != self.end", MSG_RESTART_WINDOW, ".end")]
+WARM_WINDOW_RULES = [rule("self.start != self.end", MSG_WARM_WINDOW, ".end")]
 
 
 def _zero(field: str) -> str:

@@ -3,13 +3,14 @@ KV-cache usage)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from pagoda.runtime.contract import KV_CACHE_USAGE_METRIC, QUEUE_DEPTH_METRIC, RUNNING_REQUESTS_METRIC
 
 from .base import ApiModel
+from .restarts import CLOCK_PATTERN, DailyWindow
 from .rules import (
     AUTOSCALING_RULES,
     KV_TRIGGER_RULES,
@@ -17,6 +18,10 @@ from .rules import (
     MSG_MIN_MAX,
     MSG_TARGET_IN_FLIGHT,
     MSG_TARGET_QUEUE_DEPTH,
+    MSG_WARM_DAYS,
+    MSG_WARM_MIN,
+    MSG_WARM_WINDOW,
+    WARM_WINDOW_RULES,
     validations,
 )
 
@@ -24,6 +29,8 @@ ScalingMetric = Literal["InFlight", "QueueDepth"]
 MetricsSource = Literal["ServiceMonitor", "External"]
 DEFAULT_TARGET_IN_FLIGHT = 32
 DEFAULT_TARGET_QUEUE_DEPTH = 5
+Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
+WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 
 
 class KvCacheTrigger(ApiModel):
@@ -41,6 +48,39 @@ class KvCacheTrigger(ApiModel):
     def _fraction(cls, value: float) -> float:
         if not 0.0 < value <= 1.0:
             raise ValueError(MSG_KV_TARGET)
+        return value
+
+
+class WarmWindow(DailyWindow):
+    """A daily window in which the service keeps at least minReplicas warm replicas (a known peak). They start
+    warmUpSeconds before the window opens, so that they are Ready when it does."""
+
+    model_config = ConfigDict(json_schema_extra=validations(WARM_WINDOW_RULES))
+    EMPTY: ClassVar[str] = MSG_WARM_WINDOW
+
+    start: str = Field(
+        max_length=5, pattern=CLOCK_PATTERN, description="When the window opens, HH:MM (24-hour) in timeZone."
+    )
+    end: str = Field(
+        max_length=5,
+        pattern=CLOCK_PATTERN,
+        description="When it closes, HH:MM; earlier than start for a window across midnight (e.g. 22:00 to "
+        "02:00, ending the next day). After it the floor is released and the load triggers decide again.",
+    )
+    days: list[Weekday] = Field(
+        default_factory=lambda: list(WEEKDAYS),
+        min_length=1,
+        max_length=7,
+        description="The days the window opens on (Mon ... Sun). Default: every day.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    min_replicas: int = Field(ge=1, le=1000, description="Replicas kept warm during the window.")
+
+    @field_validator("days")
+    @classmethod
+    def _distinct(cls, value: list[Weekday]) -> list[Weekday]:
+        if len(set(value)) != len(value):
+            raise ValueError(MSG_WARM_DAYS)
         return value
 
 
@@ -101,6 +141,20 @@ class AutoscalingSpec(ApiModel):
         description="Seconds the load must stay low before replicas are removed (KEDA cooldownPeriod and the "
         "HPA's scale-down stabilization window).",
     )
+    schedule: list[WarmWindow] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Pre-warming for known peaks: daily windows with a floor of warm replicas (KEDA cron "
+        "triggers beside the load trigger; the replicas start warmUpSeconds early).",
+    )
+    warm_up_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description="How long before a schedule window opens its replicas start. Default: the typical cold "
+        "start this service measured (status.startup.typical.seconds), or 300 before one is measured; "
+        "rounded up to whole minutes (cron's resolution).",
+    )
     prometheus_address: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090",
         min_length=1,
@@ -118,6 +172,8 @@ class AutoscalingSpec(ApiModel):
             raise ValueError(MSG_TARGET_IN_FLIGHT)
         if queue and self.metric not in (None, "QueueDepth"):
             raise ValueError(MSG_TARGET_QUEUE_DEPTH)
+        if any(window.min_replicas > self.max_replicas for window in self.schedule):
+            raise ValueError(MSG_WARM_MIN)
         return self
 
     @property

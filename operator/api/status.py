@@ -103,6 +103,67 @@ class AdapterStatus(ApiModel):
     )
 
 
+class StartupPhases(ApiModel):
+    """Seconds one replica's start spent in each phase, in order: the kubelet's (from the Pod) and the
+    runtime's (runtime/startup.py). A phase a start did not report is absent."""
+
+    scheduling: float | None = Field(default=None, ge=0, description="Pod created -> scheduled to a node.")
+    container_start: float | None = Field(
+        default=None,
+        ge=0,
+        description="Scheduled -> the runtime's process started: image pull, volumes, sandbox.",
+    )
+    imports: float | None = Field(default=None, ge=0, description="Python, torch and vLLM imported.")
+    model_fetch: float | None = Field(
+        default=None, ge=0, description="The model downloaded (hf://, s3://) or checked (file://, pvc://)."
+    )
+    engine_setup: float | None = Field(
+        default=None,
+        ge=0,
+        description="The engine's start other than weightLoad and engineInit (all of it when vLLM runs its "
+        "engine in its own process and does not report those).",
+    )
+    weight_load: float | None = Field(default=None, ge=0, description="vLLM loading the weights.")
+    engine_init: float | None = Field(
+        default=None, ge=0, description="vLLM's profiling, KV-cache allocation, compilation and warm-up."
+    )
+    api_server: float | None = Field(
+        default=None, ge=0, description="The OpenAI API built and the --lora adapters loaded."
+    )
+    readiness: float | None = Field(
+        default=None, ge=0, description="The runtime ready -> the kubelet's probe marked the pod Ready."
+    )
+
+
+class StartupRecord(ApiModel):
+    """One replica's first start, pod creation to Ready."""
+
+    pod: str = Field(max_length=253, description="The pod.")
+    ready_at: str = Field(max_length=64, description="When the pod became Ready (RFC 3339).")
+    seconds: float = Field(ge=0, description="Pod created -> Ready, as the API server's timestamps say.")
+    model_bytes: int | None = Field(default=None, ge=0, description="Size of the model folder it loaded.")
+    phases: StartupPhases = Field(description="Where the seconds went (they add up to about `seconds`).")
+
+
+class StartupTypical(ApiModel):
+    """The median of the recent starts, per phase."""
+
+    starts: int = Field(ge=1, description="How many recent starts the medians are over.")
+    seconds: float = Field(ge=0, description="Median seconds from pod creation to Ready.")
+    phases: StartupPhases = Field(description="Median seconds per phase.")
+
+
+class StartupStatus(ApiModel):
+    """Where start-up time goes: the replicas' first starts (a container restarted by the kubelet is not
+    counted)."""
+
+    last: StartupRecord = Field(description="The replica that became Ready last.")
+    typical: StartupTypical = Field(description="Medians over `recent`.")
+    recent: list[StartupRecord] = Field(
+        max_length=10, description="The last starts (at most 10), oldest first."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService."""
 
@@ -132,6 +193,9 @@ class InferenceServiceStatus(ApiModel):
     )
     restarts: RestartStatus | None = Field(
         default=None, description="Scheduled restarts (only with spec.restartSchedule)."
+    )
+    startup: StartupStatus | None = Field(
+        default=None, description="Where the replicas' start-up time goes (once one became Ready)."
     )
     adapters: list[AdapterStatus] | None = Field(
         default=None,

@@ -47,10 +47,20 @@ def _pick(listed: Obj, cached: Obj | None) -> Obj:
 
 
 def _slim_pod(pod: Obj) -> Obj:
-    """What the status needs of a Pod (its name, labels, status, and of its spec the startup probes and the
-    grace period, for the startup budget): pods are many, their specs large."""
+    """What the status needs of a Pod (its name, labels, creation time for status.startup, status, and of its
+    spec the startup probes and the grace period, for the startup budget): pods are many, their specs
+    large."""
     meta = pod.get("metadata") or {}
-    keep = ("name", "namespace", "uid", "resourceVersion", "labels", "deletionTimestamp", "ownerReferences")
+    keep = (
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "labels",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "ownerReferences",
+    )
     spec = pod.get("spec") or {}
     slim = {"metadata": {k: meta[k] for k in keep if k in meta}, "status": pod.get("status") or {}}
     probes = [

@@ -1,14 +1,15 @@
 """How much a service's replicas hold: the KV-cache capacity each runtime reports once its model is loaded.
 
 The runtime answers `GET /v1/pagoda/capacity` with `{"kvCacheTokens", "maxModelLen", "maxConcurrency",
-"blockSize"}` (runtime/capacity.py; 503 while loading). The numbers are fixed for a pod's life, so the
+"blockSize", "startup"}` (runtime/capacity.py, runtime/startup.py; 503 while loading). The numbers are
+fixed for a pod's life, so the
 operator asks each Ready pod once and remembers the answer by pod uid; a failed ask is retried after
 `retry_after` seconds, doubling with each failure up to `max_retry_after` (a pod the operator cannot reach,
 e.g. behind a NetworkPolicy, costs one short ask every half hour). What a pass costs is bounded: at most
 `per_pass` asks, each with a short timeout, and none for a pod already answered. The memory and the back-off
 are podmemo.py's, shared with adapters.py. `status.capacity` is the
 smallest replica's (during a rollout the old and new pods can differ; the smaller is what a client can
-count on).
+count on). Each pod's start-up phases go into `status.startup` (startup.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from pagoda.operator.reconcile import startup
 from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
 from pagoda.runtime.contract import CAPACITY_PATH, HTTP_PORT
 
@@ -33,6 +35,15 @@ def http_fetch(url: str, timeout: float) -> Obj:
     if not isinstance(body, dict):
         raise ValueError(f"{url} answered {body!r}, not an object")
     return body
+
+
+def _answer(body: Obj) -> Obj | None:
+    """What the status keeps of the runtime's answer: {"capacity", "startup"}; None without a capacity."""
+    found = _capacity(body)
+    if found is None:
+        return None
+    startup = body.get("startup")
+    return {"capacity": found, "startup": startup if isinstance(startup, dict) else None}
 
 
 def _capacity(body: Obj) -> Obj | None:
@@ -65,7 +76,8 @@ class CapacityReader:
         self._fetch, self._port, self._timeout = fetch, port, timeout
         self._retry_after, self._max_retry_after = retry_after, max_retry_after
         self._per_pass, self._clock = per_pass, clock
-        # pod uid -> its capacity, or (the monotonic time after which a failed ask may be repeated, failures)
+        # pod uid -> its answer (_answer), or (the monotonic time after which a failed ask may be repeated,
+        # failures)
         self._known: PodMemo[Obj | tuple[float, int]] = PodMemo(remembered)
 
     def status(self, pods: list[Obj]) -> Obj | None:
@@ -80,7 +92,7 @@ class CapacityReader:
                 continue
             known = self._known.get(uid)
             if isinstance(known, dict):
-                answers.append(known)
+                answers.append(known["capacity"])
                 continue
             if (known is not None and self._clock() < known[0]) or len(to_ask) >= self._per_pass:
                 continue
@@ -97,10 +109,21 @@ class CapacityReader:
             delay = backoff(self._retry_after, self._max_retry_after, failures)
             self._known.put(uid, answer if answer is not None else (self._clock() + delay, failures))
             if answer is not None:
-                answers.append(answer)
+                answers.append(answer["capacity"])
         if not answers:
             return None
         return min(answers, key=lambda a: (a["kvCacheTokens"], a["maxConcurrency"]))
+
+    def startups(self, pods: list[Obj]) -> list[Obj]:
+        """The start-up records (startup.record) of the Ready pods that have answered (asked in `status`)."""
+        found = []
+        for pod in pods:
+            known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
+            if pod_ready(pod) and isinstance(known, dict) and known["startup"] is not None:
+                start = startup.record(pod, known["startup"])
+                if start is not None:
+                    found.append(start)
+        return found
 
     def next_ask(self, pods: list[Obj]) -> float | None:
         """Seconds until a Ready pod that has not answered may be asked again (when to repeat the pass);
@@ -115,6 +138,6 @@ class CapacityReader:
     def _ask(self, ip: str) -> Obj | None:
         host = f"[{ip}]" if ":" in ip else ip
         try:
-            return _capacity(self._fetch(f"http://{host}:{self._port}{CAPACITY_PATH}", self._timeout))
+            return _answer(self._fetch(f"http://{host}:{self._port}{CAPACITY_PATH}", self._timeout))
         except (OSError, ValueError):  # unreachable, 503 while loading (HTTPError is an OSError), bad JSON
             return None

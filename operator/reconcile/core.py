@@ -41,6 +41,7 @@ from pagoda.operator.reconcile.problems import (
     secret_not_found,
 )
 from pagoda.operator.reconcile.scaling import HPA_KIND, autoscaling_status, hpa_name, scale_event
+from pagoda.operator.reconcile.startup import startup_status
 from pagoda.operator.reconcile.status import (
     OPTIONAL_FIELDS,
     Problem,
@@ -291,10 +292,24 @@ def desired_state(
     `management_key`: the operator's public key for the pods (resources/management.py);
     `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py)."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
+    typical = ((owner.get("status") or {}).get("startup") or {}).get("typical") or {}
     children = desired_children(
-        name, namespace, spec, default_image, stamps, chat_template, management_key, trusted_namespaces
+        name,
+        namespace,
+        spec,
+        default_image,
+        stamps,
+        chat_template,
+        management_key,
+        trusted_namespaces,
+        typical_start=_seconds(typical.get("seconds")),
     )
     return [with_owner(manifest, owner) for manifest in children]
+
+
+def _seconds(value: Any) -> float | None:
+    """A number of seconds from the status (which a person could have edited), or None."""
+    return float(value) if isinstance(value, int | float) and 0 <= value < 86_400 else None
 
 
 def read_children(
@@ -430,6 +445,10 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
         status["capacity"] = capacity
     elif p.capacity is None and previous.get("capacity"):
         status["capacity"] = previous["capacity"]  # not asked in this pass: keep what was reported
+    # The starts seen so far are kept also when no replica runs: where start-up time goes is history.
+    started = startup_status(previous.get("startup"), p.capacity.startups(p.pods) if p.capacity else [])
+    if started is not None:
+        status["startup"] = started
     restart = p.restart.status() if p.restart is not None else None
     if restart is not None:
         status["restarts"] = restart

@@ -35,6 +35,8 @@ _WAITING_HINTS = {
 STARTUP_FIELD = "spec.runtime.startupTimeoutSeconds"
 # How a container stopped by the kubelet ends: the runtime's clean exit on SIGTERM, or SIGKILL/SIGTERM.
 _STOPPED_EXIT_CODES = (0, 137, 143)
+# The runtime's termination message when it was stopped before it was ready (runtime/termination.py).
+STOPPED_WHILE_LOADING = "StoppedWhileLoading"
 _DEFAULT_GRACE_SECONDS = 30
 
 
@@ -138,10 +140,12 @@ def crash_issue(
         )
     message = str(terminated.get("message") or "").strip()
     reason, text = termination_reason(message)
+    timed_out = startup is not None and _stopped_at_startup_deadline(terminated, startup)
+    if startup is not None and timed_out and reason in (None, STOPPED_WHILE_LOADING):
+        # The runtime's message, when it left one, says which start-up phase the budget ran out in.
+        return startup_issue(pod, container, startup, restarts, facts, clip(text) if reason else None)
     if reason is not None:
         return PodIssue(reason, f"{where}: {clip(text)} ({facts})")
-    if startup is not None and _stopped_at_startup_deadline(terminated, startup):
-        return startup_issue(pod, container, startup, restarts, facts)
     said = f"; last output: {clip(_last_lines(message))}" if message else ""
     return PodIssue(
         "RuntimeCrashLoop",
@@ -151,15 +155,22 @@ def crash_issue(
 
 
 def startup_issue(
-    pod: str, container: str, startup: Startup, restarts: int, facts: str | None = None
+    pod: str,
+    container: str,
+    startup: Startup,
+    restarts: int,
+    facts: str | None = None,
+    phases: str | None = None,
 ) -> PodIssue:
-    """The model did not load within the startup budget: the kubelet restarts the container each time."""
+    """The model did not load within the startup budget: the kubelet restarts the container each time.
+    `phases`: the runtime's account of where the time went (its StoppedWhileLoading message)."""
     facts = facts or f"{restarts} restart{'s' if restarts != 1 else ''}"
+    where = f"; the runtime {phases}" if phases else ""
     return PodIssue(
         "StartupTimeout",
         f"pod {pod} container {container} did not become ready within its startup budget of "
-        f"{startup.budget}s, so the kubelet restarts it ({facts}); raise {STARTUP_FIELD}, or make loading "
-        "faster (a persistent spec.model.cache keeps downloaded weights)",
+        f"{startup.budget}s, so the kubelet restarts it ({facts}){where}; raise {STARTUP_FIELD}, or make "
+        "loading faster (a persistent spec.model.cache keeps downloaded weights)",
     )
 
 

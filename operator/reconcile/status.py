@@ -245,7 +245,7 @@ def _scaled(value: Any, replicas: int) -> int:
 
 
 # Status fields present only when they apply (a URL, an autoscaler, a reported capacity, a restart schedule).
-OPTIONAL_FIELDS = ("url", "autoscaling", "capacity", "restarts", "adapters", "adaptersReady")
+OPTIONAL_FIELDS = ("url", "autoscaling", "capacity", "startup", "restarts", "adapters", "adaptersReady")
 
 
 def status_changed(live: Obj | None, new: Obj) -> bool:

@@ -46,6 +46,7 @@ def desired_children(
     chat_template: str | None = None,
     management_key: str | None = None,
     trusted_namespaces: Iterable[str] = (),
+    typical_start: float | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
@@ -58,7 +59,8 @@ def desired_children(
     `management_key`: the operator's public key (PEM), in a ConfigMap before the Deployment whose pods mount
     it (resources/management.py); the operator always gives it, and without it the pods' management API
     (the adapters) is off. `trusted_namespaces`: the namespaces the NetworkPolicies admit besides those the
-    spec names (the operator's, Prometheus's; resources/networkpolicy.py).
+    spec names (the operator's, Prometheus's; resources/networkpolicy.py). `typical_start`: the service's
+    typical cold start in seconds (status.startup.typical), how early a pre-warm window's replicas start.
     """
     template = chat_template_text(spec, chat_template)
     # The NetworkPolicies first: the pods are never up without them.
@@ -73,7 +75,11 @@ def desired_children(
         pod_disruption_budget(name, namespace, spec),
     ]
     if spec.autoscaling is not None:
-        children.append(scaled_object(name, namespace, spec.autoscaling, routed=spec.routing is not None))
+        children.append(
+            scaled_object(
+                name, namespace, spec.autoscaling, spec.routing is not None, typical_start=typical_start
+            )
+        )
     if spec.monitoring.service_monitor.enabled:
         children.append(service_monitor(name, namespace, spec.monitoring.service_monitor))
     return children + routing_children(name, namespace, spec)

@@ -6,13 +6,20 @@ the service keeps its replicas: the replicas' own triggers count an empty answer
 (`ignoreNullValues: "false"`; KEDA's default reads it as 0, and scales to the minimum under full load), and
 after FALLBACK_FAILURES failed polls in a row KEDA's fallback holds the current replica count (at least the
 minimum) until the queries answer again.
+
+Pre-warming (spec.autoscaling.schedule): each daily window becomes a KEDA cron trigger that asks for the
+window's minReplicas from `warm-up` minutes before it opens until it closes; the HPA takes the largest of
+the triggers, so the load can still scale above the floor. The warm-up is the service's own typical cold
+start (status.startup), unless the spec sets one.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from pagoda.operator.api import AutoscalingSpec
+from pagoda.operator.api import AutoscalingSpec, WarmWindow
+from pagoda.operator.api.scaling import WEEKDAYS
 from pagoda.runtime.contract import (
     KV_CACHE_USAGE_METRIC,
     QUEUE_DEPTH_METRIC,
@@ -25,6 +32,45 @@ from .routing import QUEUE_METRIC
 # Failed polls of a trigger (one per pollingInterval) before KEDA falls back to holding the replicas: a
 # scrape or two that misses is not an outage.
 FALLBACK_FAILURES = 3
+# Warm-up before a schedule window when the spec sets none and no start has been measured yet.
+DEFAULT_WARM_UP_SECONDS = 300
+_DAY_MINUTES = 24 * 60
+
+
+def warm_up_minutes(autoscaling: AutoscalingSpec, typical_start: float | None) -> int:
+    """Whole minutes the window's replicas start early: spec.autoscaling.warmUpSeconds, else the measured
+    typical cold start, else DEFAULT_WARM_UP_SECONDS; rounded up (cron has whole minutes)."""
+    if autoscaling.warm_up_seconds is not None:
+        return math.ceil(autoscaling.warm_up_seconds / 60)
+    return math.ceil((typical_start or DEFAULT_WARM_UP_SECONDS) / 60)
+
+
+def _cron(minute_of_day: int, days: list[int]) -> str:
+    """`M H * * D,D`: at minute_of_day on days (0 = Monday, as WEEKDAYS), in cron's numbering (0 = Sunday)."""
+    cron_days = sorted({(day + 1) % 7 for day in days})
+    hour, minute = divmod(minute_of_day, 60)
+    return f"{minute} {hour} * * {','.join(str(d) for d in cron_days)}"
+
+
+def warm_trigger(index: int, window: WarmWindow, lead_minutes: int) -> dict[str, Any]:
+    """KEDA's cron trigger for one window, opened `lead_minutes` early (the day before, when that crosses
+    midnight); a window whose end is not after its start closes the next day."""
+    start_h, start_m = (int(part) for part in window.start.split(":"))
+    end_h, end_m = (int(part) for part in window.end.split(":"))
+    start, end = start_h * 60 + start_m, end_h * 60 + end_m
+    days = [WEEKDAYS.index(day) for day in window.days]
+    shift, opens = divmod(start - lead_minutes, _DAY_MINUTES)  # shift: 0, or -1 for the day before
+    closes_next_day = 1 if end <= start else 0
+    return {
+        "type": "cron",
+        "name": f"warm-{index}",
+        "metadata": {
+            "timezone": window.time_zone,
+            "start": _cron(opens, [(day + shift) % 7 for day in days]),
+            "end": _cron(end, [(day + closes_next_day) % 7 for day in days]),
+            "desiredReplicas": str(window.min_replicas),
+        },
+    }
 
 
 def _series(metric: str, name: str, namespace: str) -> str:
@@ -71,10 +117,15 @@ def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec) -> di
 
 
 def scaled_object(
-    name: str, namespace: str, autoscaling: AutoscalingSpec, routed: bool = False
+    name: str,
+    namespace: str,
+    autoscaling: AutoscalingSpec,
+    routed: bool = False,
+    typical_start: float | None = None,
 ) -> dict[str, Any]:
     """With `routed` (spec.routing), a second trigger on the picker's queue: requests held there count
-    toward the same per-replica target, and one held request starts the first replica (minReplicas 0)."""
+    toward the same per-replica target, and one held request starts the first replica (minReplicas 0).
+    `typical_start`: the service's typical cold start in seconds (status.startup), the schedule's warm-up."""
     triggers: list[dict[str, Any]] = [_load_trigger(name, namespace, autoscaling)]
     if routed:
         triggers.append(
@@ -107,6 +158,8 @@ def scaled_object(
                 },
             }
         )
+    lead = warm_up_minutes(autoscaling, typical_start)
+    triggers += [warm_trigger(i, window, lead) for i, window in enumerate(autoscaling.schedule)]
     body = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
         "minReplicaCount": autoscaling.min_replicas,

@@ -8,6 +8,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -233,7 +234,7 @@ def test_kv_cache_capacity_on_metrics_and_as_json(server: RuntimeProcess) -> Non
     answer = server.get("/v1/pagoda/capacity")
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert set(body) == {"kvCacheTokens", "maxModelLen", "maxConcurrency", "blockSize"}
+    assert set(body) == {"kvCacheTokens", "maxModelLen", "maxConcurrency", "blockSize", "startup"}
     assert body["maxModelLen"] == int(ENGINE_FLAGS[ENGINE_FLAGS.index("--max-model-len") + 1])
     assert (body["kvCacheTokens"], body["maxConcurrency"]) == (tokens, concurrency)
     assert tokens > 0 and body["blockSize"] > 0
@@ -248,3 +249,25 @@ def test_kv_cache_capacity_on_metrics_and_as_json(server: RuntimeProcess) -> Non
     assert int(logged[1].replace(",", "")) == tokens
     assert int(logged[2].replace(",", "")) == body["maxModelLen"]
     assert float(logged[3]) == round(concurrency, 2)
+
+
+def test_start_up_phases_as_json_and_on_metrics(server: RuntimeProcess, tiny_model: Path) -> None:
+    """Every phase of runtime/startup.py, in order, vLLM's weight load and engine init split out of the
+    engine's start (the sample's settings run vLLM's engine in this process), adding up to the process's age
+    at ready."""
+    startup = server.get("/v1/pagoda/capacity").json()["startup"]
+    phases = startup["phases"]
+    assert list(phases) == ["imports", "modelFetch", "engineSetup", "weightLoad", "engineInit", "apiServer"]
+    assert all(seconds >= 0 for seconds in phases.values())
+    assert phases["imports"] > 1.0 and phases["engineInit"] > 0  # torch and vLLM take seconds to import
+    assert sum(phases.values()) == pytest.approx(startup["seconds"], abs=0.01)
+    started = datetime.fromisoformat(startup["startedAt"].replace("Z", "+00:00"))
+    ready = datetime.fromisoformat(startup["readyAt"].replace("Z", "+00:00"))
+    assert (ready - started).total_seconds() == pytest.approx(startup["seconds"], abs=0.5)
+    assert startup["modelBytes"] == sum(f.stat().st_size for f in tiny_model.rglob("*") if f.is_file())
+    metrics = scrape(server)
+    for phase, seconds in phases.items():
+        labels = f'{{model_name="tiny",phase="{phase}"}}'
+        assert metrics[f"pagoda_startup_phase_seconds_count{labels}"] == 1
+        assert metrics[f"pagoda_startup_phase_seconds_sum{labels}"] == pytest.approx(seconds, abs=0.001)
+    assert metrics['pagoda_startup_model_bytes{model_name="tiny"}'] == startup["modelBytes"]

@@ -16,6 +16,15 @@ RUNTIME_METRICS = frozenset(
         "pagoda_kv_cache_max_concurrency",
     }
 )
+# Once the replica is ready: one observation per start-up phase (label `phase`), the model's size.
+STARTUP_METRICS = frozenset(
+    {
+        "pagoda_startup_phase_seconds_bucket",
+        "pagoda_startup_phase_seconds_sum",
+        "pagoda_startup_phase_seconds_count",
+        "pagoda_startup_model_bytes",
+    }
+)
 # Only with LoRA on (label `adapter` beside `model_name`); vLLM's own `vllm:lora_requests_info` stays exposed.
 LORA_METRICS = frozenset({"pagoda_lora_requests_total", "pagoda_lora_generation_tokens_total"})
 # The Gateway API Inference Extension's endpoint picker (spec.routing; GIE v1.5.0's pkg/epp/metrics), which

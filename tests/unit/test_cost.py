@@ -60,13 +60,19 @@ def test_every_path_is_a_field_of_the_crd(crd_root_schema: dict[str, Any]) -> No
     for name, gauge in exported().items():
         base = gauge["path"]
         value = schema_at(crd_root_schema, base + gauge.get("valueFrom", []))
-        assert value["type"] in {"number", "integer"}, name
+        if "labelFromKey" in gauge:  # an object of numbers: one series per key, the key as a label
+            assert value["type"] == "object" and value["properties"], name
+            assert {field["type"] for field in value["properties"].values()} <= {"number", "integer"}, name
+        else:
+            assert value["type"] in {"number", "integer"}, name
         for label_path in gauge.get("labelsFromPath", {}).values():
             assert schema_at(crd_root_schema, base + label_path)["type"] == "string", name
     assert set(exported()) == {
         "pagoda_inferenceservice_spec_gpu_count",
         "pagoda_inferenceservice_spec_cost_gpu_hour_price",
         "pagoda_inferenceservice_spec_cost_api_price_per_million_tokens",
+        "pagoda_inferenceservice_status_startup_typical_phase_seconds",
+        "pagoda_inferenceservice_status_startup_last_seconds",
     }
 
 

@@ -214,6 +214,26 @@ def test_restarted_by_the_startup_probe() -> None:
     assert issue is not None and issue.reason == "StartupTimeout" and "4 restarts" in issue.message
 
 
+def test_a_startup_timeout_names_the_phase_the_runtime_was_in() -> None:
+    """The runtime stopped while loading says where its time went (runtime/termination.py)."""
+    said = (
+        "StoppedWhileLoading: stopped 1799s after the process started, in start-up phase modelFetch for "
+        "1780s (done before it: imports 19.0s)"
+    )
+    p = with_probe(pod("p", loading("2026-01-01T00:59:00Z", restarts=1, last=stopped(1800, 0, said))))
+    issue = pods_issue([p], NOW)
+    assert issue is not None and issue.reason == "StartupTimeout"
+    assert (
+        "restarts it (exit code 0, 1 restart); the runtime stopped 1799s after the process started, in "
+        "start-up phase modelFetch for 1780s (done before it: imports 19.0s); raise "
+        "spec.runtime.startupTimeoutSeconds"
+    ) in issue.message
+    # Stopped long before the budget (not the probe's doing): the runtime's own word, as any reason.
+    early = with_probe(pod("p", loading("2026-01-01T00:59:00Z", restarts=1, last=stopped(30, 0, said))))
+    issue = pods_issue([early], NOW)
+    assert issue is not None and issue.reason == "StoppedWhileLoading" and "phase modelFetch" in issue.message
+
+
 def test_other_exits_are_not_startup_timeouts() -> None:
     cases = [
         stopped(1800, code=1, message=NOT_FOUND),  # the runtime's own reason wins

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import MutableMapping
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from pagoda.runtime import capacity
 from pagoda.runtime.capacity import KvCacheCapacity
 from pagoda.runtime.metrics import ServerStatus, engine_gauges, render
 from pagoda.runtime.server import PagodaApp, RuntimeState
+from pagoda.runtime.startup import StartupClock
 
 
 def engine_registry(kv_name: str, model: str = "tiny") -> CollectorRegistry:
@@ -43,13 +45,16 @@ def samples(text: bytes) -> dict[str, float]:
 
 
 def test_new_vllm_names_map_to_stable_names() -> None:
-    status = ServerStatus(model_name="tiny", ready=True, model_load_seconds=12.5, rejected_draining=3)
+    clock = StartupClock(started_at=time.time())
+    clock.phases = {"imports": 10.0, "modelFetch": 2.5}
+    clock.ready_at = time.time()
+    status = ServerStatus(model_name="tiny", ready=True, startup=clock, rejected_draining=3)
     out = samples(render(status, engine_registry("vllm:kv_cache_usage_perc")))
     assert out["pagoda_queue_depth"] == 5  # summed over engines, other models ignored
     assert out["pagoda_running_requests"] == 5
     assert out["pagoda_kv_cache_usage_ratio"] == 0.5  # the fullest engine
     assert out["pagoda_ready"] == 1 and out["pagoda_draining"] == 0
-    assert out["pagoda_model_load_seconds"] == 12.5
+    assert out["pagoda_model_load_seconds"] == 12.5  # the start-up phases' sum
     assert out["pagoda_requests_rejected_draining_total"] == 3
     assert out["vllm:num_requests_waiting"] in (3, 2)  # vLLM's own metrics are kept
 
@@ -137,3 +142,15 @@ def test_capacity_endpoint_is_503_until_loaded_then_the_numbers() -> None:
     status, _, body = get(app, capacity.PATH)
     assert status == 200
     assert body == {"kvCacheTokens": 4096, "maxModelLen": 2048, "maxConcurrency": 2.0, "blockSize": 16}
+    clock = state.status.startup = StartupClock(started_at=time.time() - 3)
+    status, _, body = get(app, capacity.PATH)
+    assert isinstance(body, dict) and "startup" not in body  # still loading: no phases to report
+    clock.model_bytes = 1234
+    clock.ready()
+    status, _, body = get(app, capacity.PATH)
+    assert status == 200 and isinstance(body, dict)
+    assert body["kvCacheTokens"] == 4096
+    startup = body["startup"]
+    assert startup["modelBytes"] == 1234 and set(startup["phases"]) == {"imports"}
+    assert 2.5 < startup["seconds"] == startup["phases"]["imports"] < 60
+    assert startup["startedAt"].endswith("Z") and startup["readyAt"] > startup["startedAt"]

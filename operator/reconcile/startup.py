@@ -1,0 +1,108 @@
+"""Pure functions: `status.startup`, where the replicas' start-up time goes.
+
+A replica's start, pod creation to Ready, in phases:
+
+  scheduling      creationTimestamp -> the PodScheduled condition (the scheduler)
+  containerStart  scheduled -> the runtime's process started (the kubelet: image pull, volumes, sandbox)
+  imports ... apiServer   the runtime's own phases (runtime/startup.py), as it reports them on
+                  /v1/pagoda/capacity once ready (capacity.py asks each Ready pod once)
+  readiness       the runtime ready -> the Ready condition (the kubelet's next startup and readiness probes)
+
+The Pod's timestamps have whole seconds and come from other machines' clocks than the runtime's, so the
+phases add up to about the total (each is clamped at 0). Only a replica's first start counts: a container the
+kubelet restarted has a Pod creation time from before its earlier runs. `recent` keeps the last
+RECENT_STARTS starts (oldest first), `typical` their medians, `last` the newest.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from datetime import datetime
+from typing import Any
+
+from pagoda.operator.reconcile.times import parse_time, rfc3339
+from pagoda.operator.resources.meta import CONTAINER_NAME
+from pagoda.runtime.contract import STARTUP_PHASES
+
+Obj = dict[str, Any]
+
+PHASES = ("scheduling", "containerStart", *STARTUP_PHASES, "readiness")
+RECENT_STARTS = 10
+
+
+def record(pod: Obj, report: Obj) -> Obj | None:
+    """One replica's start from its Pod and its runtime's `startup` report; None when it is not a first
+    start that became Ready, or the report is not one."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    container = next(
+        (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER_NAME), None
+    )
+    if container is None or int(container.get("restartCount") or 0) != 0:
+        return None
+    created = parse_time(meta.get("creationTimestamp"))
+    scheduled = _condition_time(status, "PodScheduled")
+    ready = _condition_time(status, "Ready")
+    process_started = parse_time(report.get("startedAt"))
+    runtime_ready = parse_time(report.get("readyAt"))
+    runtime_phases = report.get("phases")
+    if None in (created, scheduled, ready, process_started, runtime_ready) or not isinstance(
+        runtime_phases, dict
+    ):
+        return None
+    assert created and scheduled and ready and process_started and runtime_ready  # for mypy
+    phases: dict[str, float] = {
+        "scheduling": _seconds(scheduled, created),
+        "containerStart": _seconds(process_started, scheduled),
+    }
+    for name in STARTUP_PHASES:
+        value = runtime_phases.get(name)
+        if isinstance(value, int | float) and math.isfinite(value) and value >= 0:
+            phases[name] = round(float(value), 1)
+    phases["readiness"] = _seconds(ready, runtime_ready)
+    start: Obj = {
+        "pod": str(meta.get("name") or ""),
+        "readyAt": rfc3339(ready),
+        "seconds": _seconds(ready, created),
+        "phases": phases,
+    }
+    size = report.get("modelBytes")
+    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
+        start["modelBytes"] = size
+    return start
+
+
+def startup_status(previous: Obj | None, starts: list[Obj]) -> Obj | None:
+    """`status.startup` with `starts` (records of this pass) added to the previous status's; None while no
+    replica has started."""
+    recent = [dict(r) for r in (previous or {}).get("recent") or [] if isinstance(r, dict)]
+    known = {r.get("pod") for r in recent}
+    new = [s for s in starts if s["pod"] not in known]
+    if not new and previous:
+        return previous
+    recent = sorted(recent + new, key=lambda r: str(r.get("readyAt")))[-RECENT_STARTS:]
+    if not recent:
+        return None
+    return {"last": recent[-1], "typical": typical(recent), "recent": recent}
+
+
+def typical(starts: list[Obj]) -> Obj:
+    """The medians of `starts`: of their totals and, per phase, of the starts that report it."""
+    phases: dict[str, float] = {}
+    for name in PHASES:
+        values = [float(s["phases"][name]) for s in starts if name in (s.get("phases") or {})]
+        if values:
+            phases[name] = round(statistics.median(values), 1)
+    totals = [float(s.get("seconds") or 0) for s in starts]
+    return {"starts": len(starts), "seconds": round(statistics.median(totals), 1), "phases": phases}
+
+
+def _condition_time(status: Obj, type_: str) -> datetime | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == type_ and cond.get("status") == "True":
+            return parse_time(cond.get("lastTransitionTime"))
+    return None
+
+
+def _seconds(later: datetime, earlier: datetime) -> float:
+    return round(max(0.0, (later - earlier).total_seconds()), 1)
