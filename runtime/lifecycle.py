@@ -169,7 +169,6 @@ class Runtime:
         clock = self.clock
 
         def load() -> Any:
-            clock.begin("modelFetch")
             path = sources.resolve(source, config.cache_dir, config.revision)
             clock.model_bytes = folder_bytes(path)
             args.model = str(path)
@@ -181,6 +180,7 @@ class Runtime:
             finally:
                 clock.read_vllm_timings()
 
+        clock.begin("modelFetch")  # here, not in the thread: a stop from now on finds the phase begun
         loading = eng.run_in_daemon_thread(load, "pagoda-engine-load")
         stopped = asyncio.create_task(self.stop.wait())
         await asyncio.wait({loading, stopped}, return_when=asyncio.FIRST_COMPLETED)

@@ -7,10 +7,12 @@ PAGODA_TERMINATION_MESSAGE_PATH (the kubelet's terminationMessagePath).
 from __future__ import annotations
 
 import re
+import signal
 from pathlib import Path
 
+import httpx
 import pytest
-from rt_harness import RuntimeProcess
+from rt_harness import RuntimeProcess, wait_until
 
 pytestmark = pytest.mark.runtime
 
@@ -92,3 +94,34 @@ def test_max_model_len_longer_than_the_model_is_named(tiny_model: Path, tmp_path
         message or log[-3000:]
     )
     assert message.endswith("lower spec.engine.maxModelLen to at most 4096")
+
+
+def test_a_stop_while_loading_leaves_the_phase_it_came_in(tiny_model: Path, tmp_path: Path) -> None:
+    """What the kubelet's restart at the startup deadline leaves for the operator's StartupTimeout: the
+    runtime, stopped once its HTTP server answers (the model loading), exits 0 and names its phase."""
+    runtime = RuntimeProcess(
+        model=f"file://{tiny_model}", workdir=tmp_path / "run", extra_env=termination_env(tmp_path)
+    ).start()
+    try:
+        assert runtime.proc is not None
+
+        def live() -> bool:
+            try:
+                return runtime.get("/livez").status_code == 200
+            except httpx.HTTPError:  # not listening yet: Python still imports torch and vLLM
+                return False
+
+        wait_until(live, "/livez 200", timeout=120, interval=0.2)
+        assert runtime.get("/readyz").status_code == 503  # still loading
+        runtime.proc.send_signal(signal.SIGTERM)
+        assert runtime.proc.wait(timeout=EXIT_TIMEOUT_S) == 0, runtime.log_tail()
+    finally:
+        runtime.terminate()
+    message = (tmp_path / "termination-log").read_text()
+    found = re.fullmatch(
+        r"StoppedWhileLoading: stopped (\d+)s after the process started, in start-up phase "
+        r"(modelFetch|engineSetup) for (\d+)s \(done before it: imports ([\d.]+)s.*\)",
+        message,
+    )
+    assert found, message
+    assert float(found[4]) > 1.0  # torch and vLLM were imported before the HTTP server started
