@@ -119,7 +119,7 @@ def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
 ) -> None:
     cluster = stack.cluster
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace)))
-    # The Deployment starts at one replica; with no request anywhere KEDA takes it to zero.
+    # The Deployment is created at zero replicas (minReplicas 0: no engine starts only to be removed).
     wait_until(
         lambda: at_zero(stack, namespace), "the service at zero replicas, Ready ScaledToZero", 300, 1.0
     )

@@ -228,6 +228,8 @@ def _reconcile(
         else None
     )
     hpa = live.pop((HPA_KIND[1], hpa_name(name)), None)
+    if desired is not None and spec is not None:
+        start_at_min_replicas(desired, spec, live.get(("Deployment", name)))
     p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems, hpa, capacity)
     try:
         if desired is not None:
@@ -362,6 +364,18 @@ def apply_children(p: Pass, desired: list[Obj]) -> None:
         if p.cache:
             p.cache.observe(p.live[key])
         p.wrote("Created" if current is None else "Updated", *key)
+
+
+def start_at_min_replicas(desired: list[Obj], spec: InferenceServiceSpec, live: Obj | None) -> None:
+    """A new autoscaled Deployment is created at autoscaling.minReplicas. Without spec.replicas the API
+    server would default it to 1: a service at minReplicas 0 would start a replica (an engine, a GPU) only
+    for KEDA to remove it, one at 3 would start one and wait for the HPA. From the next pass the field is
+    the HPA's (`hand_over_replicas`, as when autoscaling is turned on)."""
+    if spec.autoscaling is None or live is not None:
+        return
+    for manifest in desired:
+        if manifest["kind"] == "Deployment":
+            manifest["spec"] = {"replicas": spec.autoscaling.min_replicas, **manifest["spec"]}
 
 
 def hand_over_replicas(p: Pass, manifest: Obj, current: Obj | None) -> None:

@@ -32,8 +32,12 @@ def test_autoscaling_on_and_off(
     (trigger,) = [t for t in scaled["spec"]["triggers"] if "pagoda_queue_depth" in t["metadata"]["query"]]
     assert f'namespace="{namespace}"' in trigger["metadata"]["query"]
     assert 'service="auto"' in trigger["metadata"]["query"]
-    deployment = wait_until(lambda: raw.get("apps/v1", "deployments", namespace, "auto"), "the Deployment")
-    assert not owns_replicas(deployment), "an autoscaled Deployment's replicas belong to KEDA/HPA"
+    # Created at minReplicas (reconcile/core.py start_at_min_replicas), then the field is handed to the HPA.
+    deployment = wait_until(
+        lambda: (d := raw.get("apps/v1", "deployments", namespace, "auto")) and not owns_replicas(d) and d,
+        "the Deployment, its replicas released to KEDA/HPA",
+    )
+    assert deployment["spec"]["replicas"] == 1
 
     # The HPA (here: someone else) sets replicas; the operator must not fight it.
     wait_ready(kube, "auto", namespace, "Ready with 1 replica")
@@ -149,3 +153,19 @@ def test_turning_autoscaling_on_keeps_the_replicas_it_has(
         sampler.join(timeout=10)
     assert len(seen) > 10 and min(seen) == 3, seen
     assert released["spec"]["replicas"] == 3
+
+
+def test_a_new_autoscaled_service_starts_at_its_minimum(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
+) -> None:
+    """Created at autoscaling.minReplicas, not at the API server's default of 1 (reconcile/core.py
+    start_at_min_replicas), then handed to the autoscaler. No KEDA runs in this tier: nothing else sets it."""
+    autoscaling = {"minReplicas": 2, "maxReplicas": 4, "targetQueueDepth": 5}
+    monitoring = {"serviceMonitor": {"enabled": True}}
+    create(kube, "at-min", namespace, replicas=None, autoscaling=autoscaling, monitoring=monitoring)
+    released = wait_until(
+        lambda: (d := raw.get("apps/v1", "deployments", namespace, "at-min")) and not owns_replicas(d) and d,
+        "the Deployment, its replicas released to the autoscaler",
+    )
+    assert released["spec"]["replicas"] == 2
+    wait_ready(kube, "at-min", namespace, "Ready with 2 replicas")
