@@ -46,19 +46,23 @@ def record(pod: Obj, report: Obj) -> Obj | None:
     process_started = parse_time(report.get("startedAt"))
     runtime_ready = parse_time(report.get("readyAt"))
     runtime_phases = report.get("phases")
-    if None in (created, scheduled, ready, process_started, runtime_ready) or not isinstance(
-        runtime_phases, dict
+    if (
+        created is None
+        or scheduled is None
+        or ready is None
+        or process_started is None
+        or runtime_ready is None
+        or not isinstance(runtime_phases, dict)
     ):
         return None
-    assert created and scheduled and ready and process_started and runtime_ready  # for mypy
     phases: dict[str, float] = {
         "scheduling": _seconds(scheduled, created),
         "containerStart": _seconds(process_started, scheduled),
     }
     for name in STARTUP_PHASES:
-        value = runtime_phases.get(name)
-        if isinstance(value, int | float) and math.isfinite(value) and value >= 0:
-            phases[name] = round(float(value), 1)
+        value = _number(runtime_phases.get(name))
+        if value is not None:
+            phases[name] = round(value, 1)
     phases["readiness"] = _seconds(ready, runtime_ready)
     start: Obj = {
         "pod": str(meta.get("name") or ""),
@@ -66,9 +70,9 @@ def record(pod: Obj, report: Obj) -> Obj | None:
         "seconds": _seconds(ready, created),
         "phases": phases,
     }
-    size = report.get("modelBytes")
-    if isinstance(size, int) and not isinstance(size, bool) and size >= 0:
-        start["modelBytes"] = size
+    size = _number(report.get("modelBytes"))
+    if size is not None and size == int(size):
+        start["modelBytes"] = int(size)
     return start
 
 
@@ -95,6 +99,13 @@ def typical(starts: list[Obj]) -> Obj:
             phases[name] = round(statistics.median(values), 1)
     totals = [float(s.get("seconds") or 0) for s in starts]
     return {"starts": len(starts), "seconds": round(statistics.median(totals), 1), "phases": phases}
+
+
+def _number(value: Any) -> float | None:
+    """A finite number of at least 0 from the runtime's JSON (a pod's answer is checked, not trusted)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _condition_time(status: Obj, type_: str) -> datetime | None:
