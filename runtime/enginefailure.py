@@ -84,9 +84,16 @@ def write_report(path: str, exc: BaseException) -> None:
 
 def prepare_report() -> str:
     """A fresh report path for this runtime process, exported to the engine processes it will start."""
-    path = str(Path(tempfile.gettempdir()) / f"pagoda-engine-failure-{os.getpid()}.json")
+    return prepare_file(REPORT_ENV, "pagoda-engine-failure", ".json")
+
+
+def prepare_file(env: str, stem: str, suffix: str) -> str:
+    """A fresh file path for this runtime process's reports (`stem-<pid><suffix>` in the temporary folder,
+    removed if a former process of the same pid left it), exported in `env` to the engine processes it
+    will start."""
+    path = str(Path(tempfile.gettempdir()) / f"{stem}-{os.getpid()}{suffix}")
     Path(path).unlink(missing_ok=True)
-    os.environ[REPORT_ENV] = path
+    os.environ[env] = path
     return path
 
 

@@ -31,7 +31,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -41,7 +40,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped,unused-ignore]
 
 from pagoda.runtime import contract
-from pagoda.runtime.enginefailure import FileReport, add_vllm_handler
+from pagoda.runtime.enginefailure import FileReport, add_vllm_handler, prepare_file
 
 PHASES = contract.STARTUP_PHASES
 TIMINGS_ENV = "PAGODA_STARTUP_TIMINGS_PATH"
@@ -165,9 +164,7 @@ class StartupClock:
     def expect_vllm_timings(self) -> None:
         """Ask vLLM's processes (started after this) for their timings (VLLM_TIMINGS), through a file named
         in the environment they inherit."""
-        path = Path(tempfile.gettempdir()) / f"pagoda-startup-timings-{os.getpid()}.jsonl"
-        path.unlink(missing_ok=True)
-        os.environ[TIMINGS_ENV] = str(path)
+        prepare_file(TIMINGS_ENV, "pagoda-startup-timings", ".jsonl")
 
     def read_vllm_timings(self) -> None:
         """What vLLM's processes reported, as weightLoad/engineInit (ended with engineSetup)."""

@@ -78,6 +78,20 @@ class DailyWindow(ApiModel):
     def zone(self) -> ZoneInfo:
         return time_zone(self.time_zone)
 
+    @property
+    def start_minute(self) -> int:
+        """`start` as minutes after midnight."""
+        return _minutes(self.start)
+
+    @property
+    def end_minute(self) -> int:
+        return _minutes(self.end)
+
+
+def _minutes(clock: str) -> int:
+    hour, minute = (int(part) for part in clock.split(":"))
+    return hour * 60 + minute
+
 
 class RestartWindow(DailyWindow):
     """The daily window restarts wait for."""

@@ -31,6 +31,8 @@ DEFAULT_TARGET_IN_FLIGHT = 32
 DEFAULT_TARGET_QUEUE_DEPTH = 5
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+# Warm-up before a schedule window when the spec sets none and no start has been measured yet.
+DEFAULT_WARM_UP_SECONDS = 300
 
 
 class KvCacheTrigger(ApiModel):
@@ -152,8 +154,8 @@ class AutoscalingSpec(ApiModel):
         ge=0,
         le=3600,
         description="How long before a schedule window opens its replicas start. Default: the typical cold "
-        "start this service measured (status.startup.typical.seconds), or 300 before one is measured; "
-        "rounded up to whole minutes (cron's resolution).",
+        f"start this service measured (status.startup.typical.seconds), or {DEFAULT_WARM_UP_SECONDS} before "
+        "one is measured; rounded up to whole minutes (cron's resolution).",
     )
     prometheus_address: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090",

@@ -41,7 +41,7 @@ from pagoda.operator.reconcile.problems import (
     secret_not_found,
 )
 from pagoda.operator.reconcile.scaling import HPA_KIND, autoscaling_status, hpa_name, scale_event
-from pagoda.operator.reconcile.startup import startup_status
+from pagoda.operator.reconcile.startup import startup_status, typical_seconds
 from pagoda.operator.reconcile.status import (
     OPTIONAL_FIELDS,
     Problem,
@@ -294,7 +294,6 @@ def desired_state(
     `management_key`: the operator's public key for the pods (resources/management.py);
     `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py)."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
-    typical = ((owner.get("status") or {}).get("startup") or {}).get("typical") or {}
     children = desired_children(
         name,
         namespace,
@@ -304,14 +303,9 @@ def desired_state(
         chat_template,
         management_key,
         trusted_namespaces,
-        typical_start=_seconds(typical.get("seconds")),
+        typical_start=typical_seconds((owner.get("status") or {}).get("startup")),
     )
     return [with_owner(manifest, owner) for manifest in children]
-
-
-def _seconds(value: Any) -> float | None:
-    """A number of seconds from the status (which a person could have edited), or None."""
-    return float(value) if isinstance(value, int | float) and 0 <= value < 86_400 else None
 
 
 def read_children(

@@ -54,7 +54,7 @@ def window_opening(window: RestartWindow | None, at: datetime) -> datetime:
         return at.astimezone(UTC)
     assert window is not None
     zone = window.zone
-    hour, minute = (int(part) for part in window.start.split(":"))
+    hour, minute = divmod(window.start_minute, 60)
     day = at.astimezone(zone).date()
     for offset in range(3):
         opening = datetime.combine(day + timedelta(days=offset), time(hour, minute), tzinfo=zone)

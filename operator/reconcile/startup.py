@@ -90,6 +90,13 @@ def startup_status(previous: Obj | None, starts: list[Obj]) -> Obj | None:
     return {"last": recent[-1], "typical": typical(recent), "recent": recent}
 
 
+def typical_seconds(startup: Obj | None) -> float | None:
+    """status.startup.typical.seconds when it is a number of seconds under a day (a person can edit a
+    status), else None."""
+    value = _number(((startup or {}).get("typical") or {}).get("seconds"))
+    return value if value is not None and value < 86_400 else None
+
+
 def typical(starts: list[Obj]) -> Obj:
     """The medians of `starts`: of their totals and, per phase, of the starts that report it."""
     phases: dict[str, float] = {}

@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from pagoda.operator.api import AutoscalingSpec, WarmWindow
-from pagoda.operator.api.scaling import WEEKDAYS
+from pagoda.operator.api.scaling import DEFAULT_WARM_UP_SECONDS, WEEKDAYS
 from pagoda.runtime.contract import (
     KV_CACHE_USAGE_METRIC,
     QUEUE_DEPTH_METRIC,
@@ -32,8 +32,6 @@ from .routing import QUEUE_METRIC
 # Failed polls of a trigger (one per pollingInterval) before KEDA falls back to holding the replicas: a
 # scrape or two that misses is not an outage.
 FALLBACK_FAILURES = 3
-# Warm-up before a schedule window when the spec sets none and no start has been measured yet.
-DEFAULT_WARM_UP_SECONDS = 300
 _DAY_MINUTES = 24 * 60
 
 
@@ -55,9 +53,7 @@ def _cron(minute_of_day: int, days: list[int]) -> str:
 def warm_trigger(index: int, window: WarmWindow, lead_minutes: int) -> dict[str, Any]:
     """KEDA's cron trigger for one window, opened `lead_minutes` early (the day before, when that crosses
     midnight); a window whose end is not after its start closes the next day."""
-    start_h, start_m = (int(part) for part in window.start.split(":"))
-    end_h, end_m = (int(part) for part in window.end.split(":"))
-    start, end = start_h * 60 + start_m, end_h * 60 + end_m
+    start, end = window.start_minute, window.end_minute
     days = [WEEKDAYS.index(day) for day in window.days]
     shift, opens = divmod(start - lead_minutes, _DAY_MINUTES)  # shift: 0, or -1 for the day before
     closes_next_day = 1 if end <= start else 0

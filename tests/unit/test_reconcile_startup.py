@@ -8,7 +8,7 @@ from typing import Any
 from pagoda.operator.api import InferenceServiceStatus
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
-from pagoda.operator.reconcile.startup import RECENT_STARTS, record, startup_status
+from pagoda.operator.reconcile.startup import RECENT_STARTS, record, startup_status, typical_seconds
 from pagoda.operator.resources.meta import OWNER_LABEL
 
 RUNTIME_PHASES = {
@@ -130,3 +130,11 @@ def test_a_pod_as_the_operators_cache_keeps_it_still_makes_a_record() -> None:
     [slim] = cache.children("ns", "m").values()
     assert "spec" not in slim  # slimmed
     assert record(slim, report()) == record(full, report()) is not None
+
+
+def test_the_typical_start_the_schedule_reads_is_a_number_of_seconds_under_a_day() -> None:
+    assert typical_seconds({"typical": {"seconds": 62.5}}) == 62.5
+    for odd in (None, {}, {"typical": {"seconds": "62"}}, {"typical": {"seconds": True}}):
+        assert typical_seconds(odd) is None, odd
+    assert typical_seconds({"typical": {"seconds": -1}}) is None
+    assert typical_seconds({"typical": {"seconds": 86_400}}) is None
