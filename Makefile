@@ -179,6 +179,10 @@ bench-engine: venv ## Engine benchmark: vLLM's CPU worker process vs the model i
 bench-lora: venv ## LoRA benchmark: N adapters on one runtime vs N merged runtimes (docs/benchmarks.md).
 	$(PY) benchmarks/bench_lora.py
 
+.PHONY: bench-coldstart
+bench-coldstart: venv tools ## Cold start: first start vs a node-cache hit, 1.1 GB model from MinIO over a 1 Gbit/s link (docs/benchmarks.md).
+	PAGODA_BIN=$(BIN) $(PY) benchmarks/coldstart.py
+
 .PHONY: bench-routing
 bench-routing: venv tools ## Routing benchmark: GIE's endpoint picker vs round-robin on 3 real replicas (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_routing.py

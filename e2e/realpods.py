@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import yaml
 
 from e2e.cluster import Cluster
 from e2e.podnet import REAL_SUBNETS
@@ -227,3 +228,26 @@ class ServiceEndpoints:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+
+
+def apply(cluster: Cluster, obj: dict[str, Any]) -> None:
+    """`kubectl apply` of one object."""
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
+
+
+def wait_ready_replicas(
+    cluster: Cluster, namespace: str, name: str, count: int, timeout: float = 480
+) -> None:
+    """Waits until the Deployment `name` has `count` replicas, all updated and Ready."""
+
+    def settled() -> bool:
+        deployment = get_json(cluster, "-n", namespace, "deployment", name)
+        status = deployment.get("status", {})
+        return (
+            status.get("observedGeneration") == deployment["metadata"]["generation"]
+            and status.get("updatedReplicas") == count
+            and status.get("readyReplicas") == count
+            and status.get("replicas") == count
+        )
+
+    wait_until(settled, f"{count} updated Ready replicas of {namespace}/{name}", timeout=timeout, interval=1)

@@ -1,30 +1,43 @@
 """LoRA adapters on real runtimes (issue #11): added to and removed from a running two-replica service
-without a restart, under load.
+without a restart, under load; the base model comes from S3 (MinIO) through the node's model cache.
 
+0. The node cache (spec.model.cache.scope Node): the two replicas start together; one downloads the base
+   model, the other waits for that download and moves no byte; status.startup (fetchedBytes) and
+   status.modelCache say so, and the namespace's folder on the node belongs to the runtime's user.
 1. Adding an adapter to spec.lora.adapters loads it into both replicas at run time: the pods keep their uid,
    start time and restart count; a light load on the base model fails no request; both pods list it in
    /v1/models and answer requests for it; status.adapters says 2/2 replicas and `kubectl get` 1/1.
 2. Removing it drains and unloads it: requests for it already running finish, later ones get OpenAI's 404 at
    every pod, and the status no longer lists it.
 
-The adapter is the one the CPU runtime image carries for its tiny model (`pagoda-runtime make-tiny-adapter`).
+The adapter is the one the CPU runtime image carries for its tiny model (`pagoda-runtime make-tiny-adapter`);
+the base model is a tiny model made on the host with the same shapes, uploaded to MinIO on the node's
+address. The node cache needs the namespace's Pod Security level privileged (a hostPath volume, a root init
+container); the test removes the namespace's folder on the node before and after.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import yaml
 
+from e2e import realnode
 from e2e.chartenv import ChartOperator
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
+from e2e.minio import USER, MinioServer
 from e2e.observability import Load
-from e2e.processes import wait_until
+from e2e.processes import VENV_BIN, wait_until
 from e2e.realpods import ServiceEndpoints, get_json, patch_spec, ready_pods, wait_condition
+from pagoda.operator.api.model import NODE_CACHE_ROOT
+from pagoda.operator.resources.pod import RUN_AS_USER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 REPLICAS = 2
@@ -32,6 +45,9 @@ ADAPTER = "sql"
 # The CPU runtime image carries this adapter for its tiny model (runtime/Dockerfile.cpu), like the model.
 ADAPTER_URI = f"file:///models/adapters/{ADAPTER}"
 LIMITS = {"maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 2}
+BUCKET, PREFIX = "models", "llama/tiny"
+MODEL_URI = f"s3://{BUCKET}/{PREFIX}"
+CACHE_BOUND = "1Gi"
 
 
 def set_adapters(cluster: Cluster, namespace: str, adapters: list[dict[str, str]]) -> None:
@@ -52,12 +68,39 @@ def identities(cluster: Cluster, namespace: str) -> dict[str, tuple[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def serving(cluster: Cluster, operator: ChartOperator) -> Iterator[str]:
-    """A Ready two-replica `tiny` service with LoRA limits and no adapter yet."""
-    namespace = "lora"
+def store(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MinioServer, int]]:
+    """MinIO on the node's address (pods reach the host there) holding a tiny model; the model's bytes."""
+    assert cluster.node is not None, "the runtime pods need the real node"
+    work = tmp_path_factory.mktemp("model-store")
+    model = work / "tiny"
+    subprocess.run([str(VENV_BIN / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
+    with MinioServer(work, cluster.bin_dir, host=cluster.node.address).start() as server:
+        yield server, server.upload(BUCKET, PREFIX, model)
+
+
+@pytest.fixture(scope="module")
+def serving(cluster: Cluster, operator: ChartOperator, store: tuple[MinioServer, int]) -> Iterator[str]:
+    """A Ready two-replica `tiny` service with LoRA limits and no adapter yet, its model from MinIO through
+    the node cache."""
+    namespace, (server, _) = "lora", store
+    folder = Path(NODE_CACHE_ROOT) / namespace
+    shutil.rmtree(folder, ignore_errors=True)  # a run before this one left nothing cached
     cluster.kubectl("create", "namespace", namespace)
+    cluster.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=privileged")
+    cluster.kubectl(
+        *("create", "secret", "generic", "models", "-n", namespace),
+        f"--from-literal=AWS_ACCESS_KEY_ID={USER}",
+        f"--from-literal=AWS_SECRET_ACCESS_KEY={server.password}",
+        f"--from-literal=AWS_ENDPOINT_URL={server.url}",
+    )
     sample = tiny_sample(namespace, real_pods=True)
     sample["spec"]["replicas"] = REPLICAS
+    sample["spec"]["model"] = {
+        "uri": MODEL_URI,
+        "servedName": "tiny",
+        "credentialsSecret": "models",
+        "cache": {"scope": "Node", "size": CACHE_BOUND},
+    }
     sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900
     sample["spec"]["lora"] = {**LIMITS, "adapters": []}
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
@@ -69,6 +112,30 @@ def serving(cluster: Cluster, operator: ChartOperator) -> Iterator[str]:
         yield namespace
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+        shutil.rmtree(folder, ignore_errors=True)  # files the stopping runtimes hold open go when they exit
+
+
+def test_the_replicas_downloaded_the_base_model_once_into_the_node_cache(
+    cluster: Cluster, serving: str, store: tuple[MinioServer, int]
+) -> None:
+    _, size = store
+
+    def both_recorded() -> dict[str, Any] | None:
+        found = status(cluster, serving)
+        recent = (found.get("startup") or {}).get("recent") or []
+        return found if len(recent) == REPLICAS and found.get("modelCache") else None
+
+    found = wait_until(both_recorded, "both starts and the node cache in the status", timeout=120)
+    # One replica downloaded the model; the other waited for it and found every file in place.
+    assert sorted(start["fetchedBytes"] for start in found["startup"]["recent"]) == [0, size]
+    assert {start["modelBytes"] for start in found["startup"]["recent"]} == {size}
+    [node] = found["modelCache"]["nodes"]
+    assert (node["node"], node["bytes"], node["maxBytes"]) == (realnode.NODE_NAME, size, 1024**3)
+    assert [(m["uri"], m["bytes"], m["inUse"]) for m in node["models"]] == [(MODEL_URI, size, True)]
+    # The namespace's folder on the node, handed to the runtime's user by the init container.
+    folder = Path(NODE_CACHE_ROOT) / serving
+    assert folder.stat().st_uid == RUN_AS_USER
+    assert (folder / "s3" / BUCKET / PREFIX / "config.json").is_file()
 
 
 def served_models(ip: str) -> set[str]:

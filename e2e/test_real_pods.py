@@ -30,7 +30,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from e2e import realnode
 from e2e.chartenv import ChartOperator
@@ -42,6 +41,7 @@ from e2e.realpods import (
     ServiceEndpoints,
     Terminations,
     all_pods,
+    apply,
     condition,
     finished,
     get_json,
@@ -52,32 +52,13 @@ from e2e.realpods import (
     ready_pods,
     service_url,
     wait_condition,
+    wait_ready_replicas,
 )
 from pagoda.operator.reconcile.startup import PHASES as STARTUP_STATUS_PHASES
 from pagoda.operator.resources.meta import RESTARTED_AT_ANNOTATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
 REPLICAS = 2  # until the pod deletion; the rollouts run on one
-
-
-def apply(cluster: Cluster, obj: dict[str, Any]) -> None:
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
-
-
-def wait_ready_replicas(
-    cluster: Cluster, namespace: str, name: str, count: int, timeout: float = 480
-) -> None:
-    def settled() -> bool:
-        deployment = get_json(cluster, "-n", namespace, "deployment", name)
-        status = deployment.get("status", {})
-        return (
-            status.get("observedGeneration") == deployment["metadata"]["generation"]
-            and status.get("updatedReplicas") == count
-            and status.get("readyReplicas") == count
-            and status.get("replicas") == count
-        )
-
-    wait_until(settled, f"{count} updated Ready replicas of {namespace}/{name}", timeout=timeout, interval=1)
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,7 @@ class ServeConfig(BaseModel):
     max_request_body_bytes: int = Field(default=16 * 1024**2, gt=0)
     stall_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)  # 0: never
     cache_dir: str = contract.CACHE_DIR
+    cache_max_bytes: int | None = Field(default=None, gt=0)  # evict unused models past it (modelcache.py)
     management_public_key_file: str | None = Field(default=None, min_length=1)
     extra_args: tuple[str, ...] = ()
 
@@ -231,6 +232,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         f"under a second, a hung EngineCore for ever; 0: never ({_default('stall_timeout')})",
     )
     parser.add_argument("--cache-dir", help=f"where hf:// and s3:// models go ({_default('cache_dir')})")
+    parser.add_argument(
+        "--cache-max-bytes",
+        help="the model cache's bound: past it, the least recently used models no runtime sharing the cache "
+        "serves are deleted (runtime/modelcache.py); unset: no bound",
+    )
     parser.add_argument(
         "--management-public-key-file",
         metavar="PEM",

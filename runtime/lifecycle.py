@@ -23,6 +23,7 @@ from pagoda.runtime import engine as eng
 from pagoda.runtime.adapters import AdapterManager, management_app
 from pagoda.runtime.config import ServeConfig
 from pagoda.runtime.lora import parse_lora_flag
+from pagoda.runtime.modelcache import ModelCache
 from pagoda.runtime.progress import ProgressWatch
 from pagoda.runtime.server import PagodaApp, RuntimeState
 from pagoda.runtime.startup import StartupClock, folder_bytes
@@ -108,6 +109,9 @@ class Runtime:
         )
         self.stop = asyncio.Event()
         self.exit_code = 0
+        self.model_cache = self.state.status.model_cache = ModelCache(
+            Path(config.cache_dir), config.cache_max_bytes
+        )
         self.clock = self.state.status.startup = StartupClock()  # its first phase, imports, ends below
         # Stopped while the engine loaded: its loading thread is still inside native code (torch, vLLM), and
         # tearing the interpreter down under it can crash the process (SIGSEGV, exit 139) after a clean
@@ -166,11 +170,12 @@ class Runtime:
         args, config = self.vllm_args, self.config
         report = enginefailure.prepare_report()  # before any engine process starts
 
-        clock = self.clock
+        clock, cache = self.clock, self.model_cache
 
         def load() -> Any:
-            path = sources.resolve(source, config.cache_dir, config.revision)
-            clock.model_bytes = folder_bytes(path)
+            fetched = cache.fetch(source, config.revision)
+            path = sources.check_model_dir(source.uri, fetched.path)
+            clock.model_bytes, clock.fetched_bytes = folder_bytes(path), fetched.bytes_moved
             args.model = str(path)
             log.info("Started engine model=%s path=%s", config.model, path)
             clock.begin("engineSetup")

@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import (
 from pagoda.runtime import contract
 from pagoda.runtime.capacity import KvCacheCapacity
 from pagoda.runtime.lora import AdapterTracker
+from pagoda.runtime.modelcache import ModelCache
 from pagoda.runtime.startup import PHASES, StartupClock
 
 WAITING = ("vllm:num_requests_waiting",)
@@ -50,6 +51,7 @@ class ServerStatus:
     rejected_draining: int = 0
     kv_cache: KvCacheCapacity | None = None  # once the engine is loaded
     adapters: AdapterTracker | None = None  # with LoRA on: per-adapter counts
+    model_cache: ModelCache | None = None  # the folder downloads go to (modelcache.py)
 
 
 def _values(families: Iterable[Metric], names: Sequence[str], model_name: str) -> list[float]:
@@ -162,14 +164,19 @@ def startup_families(status: ServerStatus) -> list[Metric]:
         buckets = [(str(float(le)), float(seconds <= le)) for le in STARTUP_BUCKETS] + [("+Inf", 1.0)]
         phases.add_metric([status.model_name, name], buckets, seconds)
     families: list[Metric] = [phases]
-    if clock.model_bytes is not None:
-        size = GaugeMetricFamily(
-            "pagoda_startup_model_bytes",
-            "Bytes of the model folder this replica loaded.",
-            labels=["model_name"],
-        )
-        size.add_metric([status.model_name], float(clock.model_bytes))
-        families.append(size)
+    sizes = (
+        ("pagoda_startup_model_bytes", "Bytes of the model folder this replica loaded.", clock.model_bytes),
+        (
+            "pagoda_startup_fetched_bytes",
+            "Bytes this replica's start downloaded into the model cache: 0 when the model was cached.",
+            clock.fetched_bytes,
+        ),
+    )
+    for name, help_text, value in sizes:
+        if value is not None:
+            gauge = GaugeMetricFamily(name, help_text, labels=["model_name"])
+            gauge.add_metric([status.model_name], float(value))
+            families.append(gauge)
     return families
 
 

@@ -203,18 +203,23 @@ class PagodaApp:
         await send({"type": "http.response.body", "body": body})
 
     async def _capacity(self, send: Send) -> None:
-        """The KV cache's capacity and the start-up phases (startup.py) as JSON: 503 until the engine is
-        loaded, then fixed for the pod's life."""
+        """The KV cache's capacity, the start-up phases (startup.py) and the model cache's contents
+        (modelcache.py) as JSON: 503 until the engine is loaded; the capacity is then fixed for the pod's
+        life."""
         kv = self.state.status.kv_cache
         if kv is None:
-            body = openai_error(
+            loading = openai_error(
                 "The model is loading; its KV-cache capacity is not known yet.", 503, "ServiceUnavailable"
             )
-            await _send_json(send, 503, body, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
+            await _send_json(send, 503, loading, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
             return
         clock = self.state.status.startup
-        startup = {"startup": clock.as_json()} if clock is not None and clock.ready_at is not None else {}
-        await _send_json(send, 200, {**kv.as_json(), **startup}, [])
+        body: dict[str, Any] = dict(kv.as_json())
+        if clock is not None and clock.ready_at is not None:
+            body["startup"] = clock.as_json()
+        if self.state.status.model_cache is not None:
+            body["modelCache"] = self.state.status.model_cache.report()
+        await _send_json(send, 200, body, [])
 
     async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A management call: its body read (it is small), its signature checked, then the adapters API."""

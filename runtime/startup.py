@@ -125,6 +125,7 @@ class StartupClock:
     phases: dict[str, float] = field(default_factory=dict)  # phase -> seconds, in PHASES order when done
     engine_parts: dict[str, float] = field(default_factory=dict)  # weightLoad/engineInit, from vLLM's log
     model_bytes: int | None = None
+    fetched_bytes: int | None = None  # what modelFetch downloaded: 0 on a cache hit (modelcache.py)
     ready_at: float | None = None  # epoch seconds
     current: str | None = None
     _since: float = field(default=0.0, init=False)  # monotonic: the current phase's start
@@ -186,6 +187,8 @@ class StartupClock:
             body["readyAt"] = rfc3339(self.ready_at)
         if self.model_bytes is not None:
             body["modelBytes"] = self.model_bytes
+        if self.fetched_bytes is not None:
+            body["fetchedBytes"] = self.fetched_bytes
         return body
 
     def summary(self) -> str:

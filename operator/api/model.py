@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -13,6 +14,7 @@ from .rules import (
     CACHE_RULES,
     MODEL_RULES,
     MSG_CACHE,
+    MSG_CACHE_NODE,
     MSG_CACHE_SIZE,
     MSG_CACHE_STORAGE_CLASS,
     MSG_MODEL_REVISION,
@@ -22,12 +24,24 @@ from .rules import (
     validations,
 )
 
+CacheScope = Literal["Pod", "Node"]
+NODE_CACHE_ROOT = "/var/lib/pagoda/model-cache"  # on each node, a folder per namespace under it
+
 
 class ModelCache(ApiModel):
     """Where the runtime keeps downloaded weights (mounted at /var/cache/pagoda)."""
 
     model_config = ConfigDict(json_schema_extra=validations(CACHE_RULES))
 
+    scope: CacheScope = Field(
+        default="Pod",
+        description="Pod: each pod downloads into its own volume (below), gone with the pod. Node: one "
+        f"cache per node and namespace ({NODE_CACHE_ROOT}/<namespace>, a hostPath), shared by every "
+        "replica and restart on the node, so a model is downloaded once per node; runtimes starting "
+        "together download once, and with size the least recently used models no replica serves are "
+        "deleted past it. Node needs a namespace whose Pod Security level admits hostPath volumes and a "
+        "root init container that hands the folder to the runtime's user (privileged); docs/operator.md.",
+    )
     pvc: ObjectName | None = Field(
         default=None,
         description="Name of an existing PersistentVolumeClaim shared by every replica (ReadWriteMany for "
@@ -36,7 +50,8 @@ class ModelCache(ApiModel):
     size: Quantity | None = Field(
         default=None,
         description="Size of a per-pod cache volume, e.g. 200Gi. Without storageClass it is an emptyDir "
-        "with this size limit; with storageClass it is a generic ephemeral volume (a PVC per pod).",
+        "with this size limit; with storageClass it is a generic ephemeral volume (a PVC per pod). With "
+        "scope Node: the node cache's bound, past which unused models are evicted.",
     )
     storage_class: ObjectName | None = Field(
         default=None,
@@ -51,6 +66,8 @@ class ModelCache(ApiModel):
             raise ValueError(MSG_CACHE_STORAGE_CLASS)
         if self.size is not None and re.match(ZERO_QUANTITY_PATTERN, str(self.size)):
             raise ValueError(MSG_CACHE_SIZE)
+        if self.scope == "Node" and (self.pvc is not None or self.storage_class is not None):
+            raise ValueError(MSG_CACHE_NODE)
         return self
 
 
@@ -103,6 +120,11 @@ class ModelSource(ApiModel):
     @property
     def scheme(self) -> str:
         return self.uri.split("://", 1)[0]
+
+    @property
+    def node_cache(self) -> bool:
+        """cache.scope Node: the node's folder, one per namespace, shared by the pods on the node."""
+        return self.cache is not None and self.cache.scope == "Node"
 
     @property
     def pvc_claim(self) -> str | None:

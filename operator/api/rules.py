@@ -28,6 +28,9 @@ MSG_URI = "spec.model.uri must use a known scheme: hf://org/name, s3://bucket/pa
 MSG_MODEL_REVISION = "spec.model.revision is a hub revision (branch, tag or commit): it needs an hf:// uri"
 MSG_CACHE = "spec.model.cache: set either pvc or size, not both"
 MSG_CACHE_SIZE = "spec.model.cache.size must be greater than 0"
+MSG_CACHE_NODE = (
+    "spec.model.cache.scope Node keeps the cache in a folder on each node: it takes no pvc or storageClass"
+)
 MSG_CACHE_STORAGE_CLASS = "spec.model.cache.storageClass requires spec.model.cache.size"
 MSG_EXTRA_ARGS = (
     f"spec.engine.extraArgs must not repeat flags the runtime sets itself ({', '.join(OWNED_FLAGS)}): "
@@ -131,6 +134,11 @@ ZERO_QUANTITY_PATTERN = r"^[+]?0*([.]0*)?([KMGTPE]i|[numkMGTPE]|[eE][-+]?[0-9]+)
 CACHE_RULES = [
     rule("!(has(self.pvc) && has(self.size))", MSG_CACHE),
     rule("!has(self.storageClass) || has(self.size)", MSG_CACHE_STORAGE_CLASS, ".storageClass"),
+    rule(
+        "!has(self.scope) || self.scope != 'Node' || !(has(self.pvc) || has(self.storageClass))",
+        MSG_CACHE_NODE,
+        ".scope",
+    ),
     rule(
         "!has(self.size) || (type(self.size) == int ? self.size > 0"
         f" : !self.size.matches('{ZERO_QUANTITY_PATTERN}'))",

@@ -142,6 +142,12 @@ class StartupRecord(ApiModel):
     ready_at: str = Field(max_length=64, description="When the pod became Ready (RFC 3339).")
     seconds: float = Field(ge=0, description="Pod created -> Ready, as the API server's timestamps say.")
     model_bytes: int | None = Field(default=None, ge=0, description="Size of the model folder it loaded.")
+    fetched_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="What its model fetch downloaded: 0 when the model was already in the cache "
+        "(spec.model.cache.scope Node).",
+    )
     phases: StartupPhases = Field(description="Where the seconds went (they add up to about `seconds`).")
 
 
@@ -162,6 +168,35 @@ class StartupStatus(ApiModel):
     recent: list[StartupRecord] = Field(
         max_length=10, description="The last starts (at most 10), oldest first."
     )
+
+
+class CachedModel(ApiModel):
+    """A model in a node's cache folder."""
+
+    uri: str = Field(max_length=2048, description="The model's URI.")
+    revision: str | None = Field(default=None, max_length=255, description="The hub revision last loaded.")
+    bytes: int = Field(ge=0, description="Bytes it takes on the node.")
+    in_use: bool = Field(description="Whether a runtime on the node serves it (then it is never evicted).")
+    last_used: str | None = Field(default=None, max_length=64, description="When a runtime last loaded it.")
+
+
+class NodeModelCache(ApiModel):
+    """One node's cache folder for this namespace, as the service's newest Ready pod there saw it."""
+
+    node: str = Field(max_length=253, description="The node.")
+    bytes: int = Field(ge=0, description="Bytes of the models in it.")
+    max_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Its bound (spec.model.cache.size): unused models are evicted past it.",
+    )
+    models: list[CachedModel] = Field(max_length=16, description="The models, biggest first (at most 16).")
+
+
+class ModelCacheStatus(ApiModel):
+    """The node caches (spec.model.cache.scope Node) of the nodes the Ready replicas run on."""
+
+    nodes: list[NodeModelCache] = Field(max_length=64, description="Per node (at most 64), by name.")
 
 
 class InferenceServiceStatus(ApiModel):
@@ -196,6 +231,9 @@ class InferenceServiceStatus(ApiModel):
     )
     startup: StartupStatus | None = Field(
         default=None, description="Where the replicas' start-up time goes (once one became Ready)."
+    )
+    model_cache: ModelCacheStatus | None = Field(
+        default=None, description="What the nodes' model caches hold (only with spec.model.cache.scope Node)."
     )
     adapters: list[AdapterStatus] | None = Field(
         default=None,

@@ -48,8 +48,8 @@ def _pick(listed: Obj, cached: Obj | None) -> Obj:
 
 def _slim_pod(pod: Obj) -> Obj:
     """What the status needs of a Pod (its name, labels, creation time for status.startup, status, and of its
-    spec the startup probes and the grace period, for the startup budget): pods are many, their specs
-    large."""
+    spec the startup probes and the grace period, for the startup budget, and the node, for
+    status.modelCache): pods are many, their specs large."""
     meta = pod.get("metadata") or {}
     keep = (
         "name",
@@ -68,10 +68,13 @@ def _slim_pod(pod: Obj) -> Obj:
         for c in spec.get("containers") or []
         if c.get("startupProbe")
     ]
-    if probes:
-        slim["spec"] = {"containers": probes}
-        if "terminationGracePeriodSeconds" in spec:
-            slim["spec"]["terminationGracePeriodSeconds"] = spec["terminationGracePeriodSeconds"]
+    kept: Obj = {"containers": probes} if probes else {}
+    if probes and "terminationGracePeriodSeconds" in spec:
+        kept["terminationGracePeriodSeconds"] = spec["terminationGracePeriodSeconds"]
+    if spec.get("nodeName"):  # status.modelCache is per node
+        kept["nodeName"] = spec["nodeName"]
+    if kept:
+        slim["spec"] = kept
     return slim
 
 

@@ -1,7 +1,8 @@
 """How much a service's replicas hold: the KV-cache capacity each runtime reports once its model is loaded.
 
 The runtime answers `GET /v1/pagoda/capacity` with `{"kvCacheTokens", "maxModelLen", "maxConcurrency",
-"blockSize", "startup"}` (runtime/capacity.py, runtime/startup.py; 503 while loading). The numbers are
+"blockSize", "startup", "modelCache"}` (runtime/capacity.py, runtime/startup.py, runtime/modelcache.py; 503
+while loading). The numbers are
 fixed for a pod's life, so the
 operator asks each Ready pod once and remembers the answer by pod uid; a failed ask is retried after
 `retry_after` seconds, doubling with each failure up to `max_retry_after` (a pod the operator cannot reach,
@@ -38,12 +39,17 @@ def http_fetch(url: str, timeout: float) -> Obj:
 
 
 def _answer(body: Obj) -> Obj | None:
-    """What the status keeps of the runtime's answer: {"capacity", "startup"}; None without a capacity."""
+    """What the status keeps of the runtime's answer: {"capacity", "startup", "modelCache"}; None without a
+    capacity."""
     found = _capacity(body)
     if found is None:
         return None
-    startup = body.get("startup")
-    return {"capacity": found, "startup": startup if isinstance(startup, dict) else None}
+    startup, cache = body.get("startup"), body.get("modelCache")
+    return {
+        "capacity": found,
+        "startup": startup if isinstance(startup, dict) else None,
+        "modelCache": cache if isinstance(cache, dict) else None,
+    }
 
 
 def _capacity(body: Obj) -> Obj | None:
@@ -124,6 +130,17 @@ class CapacityReader:
                 if start is not None:
                     found.append(start)
         return found
+
+    def model_caches(self, pods: list[Obj]) -> Obj | None:
+        """`status.modelCache` from the Ready pods that have answered: per node, what the newest pod there
+        saw in the node's cache when it became Ready."""
+        reports = []
+        for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or "")):
+            known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
+            node = (pod.get("spec") or {}).get("nodeName")
+            if pod_ready(pod) and node and isinstance(known, dict) and known["modelCache"] is not None:
+                reports.append((str(node), known["modelCache"]))
+        return startup.model_cache_status(reports)
 
     def next_ask(self, pods: list[Obj]) -> float | None:
         """Seconds until a Ready pod that has not answered may be asked again (when to repeat the pass);

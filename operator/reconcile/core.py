@@ -98,6 +98,7 @@ class Pass:
     capacity: CapacityReader | None = None
     adapters: AdapterReport | None = None  # spec.lora's adapters in the Ready pods (reconcile/adapters.py)
     restart: restarts.RestartPlan | None = None  # the restart schedule after this pass's writes
+    node_cache: bool = False  # spec.model.cache.scope Node: status.modelCache reports the nodes' caches
     writes: int = 0
     changes: list[tuple[str, str, str]] = field(default_factory=list)  # (verb, kind, name) of children
     requeue: list[float] = field(default_factory=list)  # seconds after which to look again
@@ -244,6 +245,7 @@ def _reconcile(
         # (an invalid spec applies nothing, so it restarts nothing: its last restart status is kept).
         if spec is not None:
             p.restart = restarts.plan(schedule, p.live.get(("Deployment", name)), now())
+            p.node_cache = spec.model.node_cache
         write_status(p, desired)
     except OwnerGone:
         return Outcome("gone", writes=p.writes)
@@ -457,6 +459,9 @@ def write_status(p: Pass, desired: list[Obj] | None) -> None:
     started = startup_status(previous.get("startup"), p.capacity.startups(p.pods) if p.capacity else [])
     if started is not None:
         status["startup"] = started
+    caches = p.capacity.model_caches(p.pods) if p.capacity and p.node_cache else None
+    if caches is not None:
+        status["modelCache"] = caches
     restart = p.restart.status() if p.restart is not None else None
     if restart is not None:
         status["restarts"] = restart

@@ -70,10 +70,50 @@ def record(pod: Obj, report: Obj) -> Obj | None:
         "seconds": _seconds(ready, created),
         "phases": phases,
     }
-    size = _number(report.get("modelBytes"))
-    if size is not None and size == int(size):
-        start["modelBytes"] = int(size)
+    for field in ("modelBytes", "fetchedBytes"):
+        size = _whole(report.get(field))
+        if size is not None:
+            start[field] = size
     return start
+
+
+def _whole(value: Any) -> int | None:
+    """A count of bytes from a pod's JSON: a whole number at least 0, else None."""
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+MAX_CACHE_NODES, MAX_CACHED_MODELS = 64, 16
+
+
+def model_cache_status(reports: list[tuple[str, Obj]]) -> Obj | None:
+    """`status.modelCache` (spec.model.cache.scope Node) from (node, the runtime's `modelCache` report)
+    pairs, the newest report of a node last: per node, the models in the namespace's folder there, biggest
+    first. None without a readable report."""
+    nodes: dict[str, Obj] = {}
+    for node, report in reports:
+        models = []
+        for item in report.get("models") or [] if isinstance(report.get("models"), list) else []:
+            size = _whole(item.get("bytes")) if isinstance(item, dict) else None
+            if size is None or not isinstance(item.get("uri"), str):
+                continue
+            model: Obj = {"uri": item["uri"], "bytes": size, "inUse": item.get("inUse") is True}
+            for field in ("revision", "lastUsed"):
+                if isinstance(item.get(field), str):
+                    model[field] = item[field]
+            models.append(model)
+        entry: Obj = {
+            "node": node,
+            "bytes": sum(m["bytes"] for m in models),
+            "models": models[:MAX_CACHED_MODELS],
+        }
+        bound = _whole(report.get("maxBytes"))
+        if bound is not None:
+            entry["maxBytes"] = bound
+        nodes[node] = entry
+    if not nodes:
+        return None
+    return {"nodes": [nodes[name] for name in sorted(nodes)][:MAX_CACHE_NODES]}
 
 
 def startup_status(previous: Obj | None, starts: list[Obj]) -> Obj | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kubernetes.utils.quantity import parse_quantity
+
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.runtime.contract import CACHE_DIR, HTTP_PORT, MANAGEMENT_PUBLIC_KEY_PATH
 
@@ -38,6 +40,9 @@ def runtime_args(spec: InferenceServiceSpec, management: bool = False) -> list[s
             args += ["--max-cpu-loras", str(spec.lora.max_cpu_loras)]
     args += ["--drain-timeout", str(spec.runtime.drain_timeout_seconds), "--cache-dir", CACHE_DIR]
     args += ["--stall-timeout", str(spec.runtime.stall_timeout_seconds)]
+    if spec.model.node_cache and spec.model.cache and spec.model.cache.size is not None:
+        bound = parse_quantity(str(spec.model.cache.size))  # type: ignore[no-untyped-call]
+        args += ["--cache-max-bytes", str(int(bound))]
     if management:
         args += ["--management-public-key-file", MANAGEMENT_PUBLIC_KEY_PATH]
     if engine.extra_args:

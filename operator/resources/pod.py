@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.api.model import NODE_CACHE_ROOT
 from pagoda.runtime.contract import (
     CACHE_DIR,
     HTTP_PORT,
@@ -49,6 +51,7 @@ WRITABLE_ENV = {
 # so half the period is what a start waits on average: status.startup's `readiness` phase was 6.1 s at 10 s
 # and 0 at 2 s (e2e, real node); one GET of /readyz every 2 s costs the runtime nothing.
 STARTUP_PERIOD_SECONDS = 2
+NAMESPACE_ENV = {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
 
 
 def pod_template(
@@ -74,6 +77,7 @@ def pod_template(
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container(spec, default_image, management)],
+        **_cache_owner(spec, default_image),
         "volumes": volumes(name, spec, management),
         "tolerations": tolerations(spec),
     }
@@ -126,6 +130,8 @@ def container(spec: InferenceServiceSpec, default_image: str, management: bool =
     if runtime.image_pull_policy:
         result["imagePullPolicy"] = runtime.image_pull_policy
     env: list[dict[str, Any]] = [{"name": TERMINATION_MESSAGE_ENV, "value": TERMINATION_MESSAGE_PATH}]
+    if spec.model.node_cache:
+        env.append(copy.deepcopy(NAMESPACE_ENV))
     own = {var.name for var in runtime.env}
     env += [{"name": name, "value": value} for name, value in WRITABLE_ENV.items() if name not in own]
     env += [var.model_dump(by_alias=True, exclude_none=True) for var in runtime.env]
@@ -180,10 +186,7 @@ def tolerations(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 
 
 def volume_mounts(spec: InferenceServiceSpec, management: bool = False) -> list[dict[str, Any]]:
-    mounts: list[dict[str, Any]] = [
-        {"name": "dshm", "mountPath": "/dev/shm"},
-        {"name": "model-cache", "mountPath": CACHE_DIR},
-    ]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, _cache_mount(spec)]
     claim = spec.model.pvc_claim
     if claim:
         mounts.append({"name": "model-source", "mountPath": f"{MODELS_DIR}/{claim}", "readOnly": True})
@@ -226,8 +229,45 @@ def volumes(name: str, spec: InferenceServiceSpec, management: bool = False) -> 
     return result
 
 
+def _cache_mount(spec: InferenceServiceSpec) -> dict[str, Any]:
+    mount = {"name": "model-cache", "mountPath": CACHE_DIR}
+    if spec.model.node_cache:  # the namespace's own folder: a model fetched with one namespace's credentials
+        mount["subPathExpr"] = f"$({NAMESPACE_ENV['name']})"  # is not readable from another's pods
+    return mount
+
+
+def _cache_owner(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
+    """The init container of a node cache: the kubelet creates hostPath folders owned by root, and the
+    runtime runs as RUN_AS_USER; this hands the namespace's folder (only it, not what is inside) to that
+    user. It runs as root with one capability, CHOWN, and nothing else of the pod's."""
+    if not spec.model.node_cache:
+        return {}
+    owner = f"{RUN_AS_USER}:{RUN_AS_USER}"
+    init = {
+        "name": "cache-owner",
+        "image": spec.runtime.image or default_image,
+        "command": ["chown", owner, CACHE_DIR],
+        "env": [copy.deepcopy(NAMESPACE_ENV)],
+        "volumeMounts": [_cache_mount(spec)],
+        "resources": {"limits": {"memory": "32Mi"}, "requests": {"cpu": "10m", "memory": "32Mi"}},
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+            "readOnlyRootFilesystem": True,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if spec.runtime.image_pull_policy:
+        init["imagePullPolicy"] = spec.runtime.image_pull_policy
+    return {"initContainers": [init]}
+
+
 def _cache_volume(name: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     cache = spec.model.cache
+    if spec.model.node_cache:
+        return {"name": "model-cache", "hostPath": {"path": NODE_CACHE_ROOT, "type": "DirectoryOrCreate"}}
     if cache is not None and cache.pvc:
         return {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.pvc}}
     if cache is not None and cache.size is not None and cache.storage_class:

@@ -11,17 +11,18 @@ import logging
 import os
 import secrets
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
-from minio import Minio
 from minio.datatypes import Object
 from minio.error import S3Error
 
-from e2e.processes import ManagedProcess, free_port
+from e2e.minio import USER, MinioServer
 from pagoda.runtime import sources
+from pagoda.runtime.modelcache import ModelCache
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
 
 pytestmark = pytest.mark.runtime
@@ -30,44 +31,17 @@ REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("PAGODA_BIN", REPO / ".pagoda-dev" / "bin"))
 BUCKET = "pagoda-models"
 PREFIX = "llama/tiny"
-USER = "pagoda-test"
-PASSWORD = secrets.token_hex(16)
-
-
-@dataclass
-class MinioServer(ManagedProcess):
-    """`minio server` on a free loopback port with its data in workdir/data."""
-
-    workdir: Path
-    port: int = field(default_factory=free_port)
-
-    name = "minio"
-    STOP_GRACE = 20.0
-    LOG_NAME = "minio.log"
-
-    def start(self) -> MinioServer:
-        binary = BIN_DIR / "minio"
-        if not os.access(binary, os.X_OK):
-            pytest.fail(f"{binary} is missing: run `make tools` (or set PAGODA_BIN to the tools' folder)")
-        env = dict(os.environ, MINIO_ROOT_USER=USER, MINIO_ROOT_PASSWORD=PASSWORD, MINIO_BROWSER="off")
-        env["MINIO_UPDATE"] = "off"
-        args = [str(binary), "server", "--quiet", "--address", f"127.0.0.1:{self.port}"]
-        args += ["--console-address", f"127.0.0.1:{free_port()}", str(self.workdir / "data")]
-        self.launch(args, env=env)
-        self.wait_answers(f"{self.url}/minio/health/ready", "minio to be ready", timeout=60)
-        return self
-
-    def client(self, access: str = USER, secret: str = PASSWORD) -> Minio:
-        return Minio(f"127.0.0.1:{self.port}", access_key=access, secret_key=secret, secure=False)
 
 
 @pytest.fixture(scope="module")
 def minio_server(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator[MinioServer]:
-    with MinioServer(workdir=tmp_path_factory.mktemp("minio")).start() as server:
-        client = server.client()
-        client.make_bucket(BUCKET)
-        for path in sorted(p for p in tiny_model.rglob("*") if p.is_file()):
-            client.fput_object(BUCKET, f"{PREFIX}/{path.relative_to(tiny_model).as_posix()}", str(path))
+    server = MinioServer(workdir=tmp_path_factory.mktemp("minio"), bin_dir=BIN_DIR)
+    try:
+        server.start()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
+    with server:
+        server.upload(BUCKET, PREFIX, tiny_model)
         yield server
 
 
@@ -76,7 +50,7 @@ def s3_env(minio_server: MinioServer, monkeypatch: pytest.MonkeyPatch) -> MinioS
     for name in ("AWS_SESSION_TOKEN", "S3_ENDPOINT_URL", "AWS_DEFAULT_REGION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", USER)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", PASSWORD)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", minio_server.password)
     monkeypatch.setenv("AWS_ENDPOINT_URL", minio_server.url)
     monkeypatch.setenv("AWS_REGION", "us-east-1")
     return minio_server
@@ -105,6 +79,27 @@ def test_s3_model_arrives_byte_identical_and_is_kept_on_the_next_start(
     with caplog.at_level(logging.INFO, logger="pagoda.runtime.sources"):
         assert resolve(parse_model_uri(uri), str(tmp_path)) == path
     assert any(f"objects={len(expected)} fetched=0" in r.getMessage() for r in caplog.records)
+
+
+def test_s3_runtimes_sharing_a_cache_download_a_model_once(
+    s3_env: MinioServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Three runtimes start at once on one node cache (spec.model.cache.scope Node): one downloads, the
+    others wait for it and move no byte, and all load the same whole files."""
+    uri, expected = f"s3://{BUCKET}/{PREFIX}", tree(tiny_model)
+    size = sum(len(data) for data in expected.values())
+    caches = [ModelCache(tmp_path) for _ in range(3)]  # each opens its own lock files: flock(2) sees 3 owners
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda cache: cache.fetch(parse_model_uri(uri), None), caches))
+    assert sorted(r.bytes_moved for r in results) == [0, 0, size]
+    assert {r.path for r in results} == {tmp_path / "s3" / BUCKET / PREFIX}
+    assert tree(results[0].path) == expected
+    assert ModelCache(tmp_path).report()["models"] == [
+        {"uri": uri, "bytes": size, "inUse": True, "lastUsed": ANY}
+    ]
+    for cache in caches:  # the runtimes stop: the model stays, free to evict
+        cache.release()
+    assert [m["inUse"] for m in ModelCache(tmp_path).report()["models"]] == [False]
 
 
 def test_s3_wrong_credentials_name_the_uri(

@@ -234,7 +234,15 @@ def test_kv_cache_capacity_on_metrics_and_as_json(server: RuntimeProcess) -> Non
     answer = server.get("/v1/pagoda/capacity")
     assert answer.status_code == 200, answer.text
     body = answer.json()
-    assert set(body) == {"kvCacheTokens", "maxModelLen", "maxConcurrency", "blockSize", "startup"}
+    assert set(body) == {
+        "kvCacheTokens",
+        "maxModelLen",
+        "maxConcurrency",
+        "blockSize",
+        "startup",
+        "modelCache",
+    }
+    assert body["modelCache"] == {"bytes": 0, "models": []}  # a file:// model is not downloaded into it
     assert body["maxModelLen"] == int(ENGINE_FLAGS[ENGINE_FLAGS.index("--max-model-len") + 1])
     assert (body["kvCacheTokens"], body["maxConcurrency"]) == (tokens, concurrency)
     assert tokens > 0 and body["blockSize"] > 0

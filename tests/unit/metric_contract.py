@@ -16,13 +16,15 @@ RUNTIME_METRICS = frozenset(
         "pagoda_kv_cache_max_concurrency",
     }
 )
-# Once the replica is ready: one observation per start-up phase (label `phase`), the model's size.
+# Once the replica is ready: one observation per start-up phase (label `phase`), the model's size and what
+# its fetch downloaded.
 STARTUP_METRICS = frozenset(
     {
         "pagoda_startup_phase_seconds_bucket",
         "pagoda_startup_phase_seconds_sum",
         "pagoda_startup_phase_seconds_count",
         "pagoda_startup_model_bytes",
+        "pagoda_startup_fetched_bytes",
     }
 )
 # Only with LoRA on (label `adapter` beside `model_name`); vLLM's own `vllm:lora_requests_info` stays exposed.

@@ -99,6 +99,18 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         r.MSG_CACHE_STORAGE_CLASS,
     ),
     (
+        "cache-node-with-pvc",
+        _set("model.cache", {"scope": "Node", "pvc": "shared"}),
+        "spec.model.cache.scope",
+        r.MSG_CACHE_NODE,
+    ),
+    (
+        "cache-node-with-storage-class",
+        _set("model.cache", {"scope": "Node", "size": "10Gi", "storageClass": "fast"}),
+        "spec.model.cache.scope",
+        r.MSG_CACHE_NODE,
+    ),
+    (
         "kv-ratio-above-one",
         _set("autoscaling.kvCacheUsage", {"targetRatio": 1.2}),
         "spec.autoscaling.kvCacheUsage.targetRatio",

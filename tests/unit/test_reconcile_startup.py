@@ -8,7 +8,13 @@ from typing import Any
 from pagoda.operator.api import InferenceServiceStatus
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
-from pagoda.operator.reconcile.startup import RECENT_STARTS, record, startup_status, typical_seconds
+from pagoda.operator.reconcile.startup import (
+    RECENT_STARTS,
+    model_cache_status,
+    record,
+    startup_status,
+    typical_seconds,
+)
 from pagoda.operator.resources.meta import OWNER_LABEL
 
 RUNTIME_PHASES = {
@@ -138,3 +144,58 @@ def test_the_typical_start_the_schedule_reads_is_a_number_of_seconds_under_a_day
         assert typical_seconds(odd) is None, odd
     assert typical_seconds({"typical": {"seconds": -1}}) is None
     assert typical_seconds({"typical": {"seconds": 86_400}}) is None
+
+
+def cache_report(*models: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    return {"bytes": sum(m["bytes"] for m in models), "models": list(models), **changes}
+
+
+def test_the_node_caches_go_into_the_status_per_node_newest_pod_first() -> None:
+    """spec.model.cache.scope Node: each pod tells what its node's cache held when it became Ready; per node
+    the newest pod's view counts, and the cache survives the operator's pod cache (nodeName kept)."""
+    tiny = {"uri": "s3://models/tiny", "bytes": 700, "inUse": True, "lastUsed": "2026-01-01T00:00:30.000Z"}
+    old = {"uri": "hf://org/old", "revision": "main", "bytes": 9000, "inUse": False}
+    reports = {
+        "m-1": cache_report(tiny, old),
+        "m-2": cache_report(tiny, maxBytes=10_000),  # later, on the same node: `old` was evicted
+        "m-3": cache_report(tiny, {"uri": 7, "bytes": 1}, {"uri": "x", "bytes": -1}),  # unreadable items go
+    }
+    pods = []
+    for name, node, created in (("m-1", "a", "00:00:00"), ("m-2", "a", "00:01:00"), ("m-3", "b", "00:00:00")):
+        full = pod(name)
+        full["metadata"].update(
+            namespace="ns", labels={OWNER_LABEL: "m"}, creationTimestamp=f"2026-01-01T{created}Z"
+        )
+        full["status"]["podIP"] = name
+        full["spec"] = {"nodeName": node, "containers": [{"name": "runtime"}]}
+        pods.append(full)
+    cache = ObjectCache("InferenceService")
+    cache.replace("v1", "Pod", pods)
+    slim = list(cache.children("ns", "m").values())
+    answer = {"kvCacheTokens": 4096, "maxModelLen": 2048, "maxConcurrency": 2.0}
+    reader = CapacityReader(
+        lambda url, timeout: {**answer, "modelCache": reports[url.split("/")[2].split(":")[0]]}
+    )
+    assert reader.model_caches(slim) is None  # nothing asked yet
+    reader.status(slim)
+    caches = reader.model_caches(slim)
+    assert caches == {
+        "nodes": [
+            {"node": "a", "bytes": 700, "maxBytes": 10_000, "models": [tiny]},
+            {"node": "b", "bytes": 700, "models": [tiny]},
+        ]
+    }
+    status = {"conditions": [], "modelCache": caches}
+    model = InferenceServiceStatus.model_validate(status)
+    assert model.model_dump(by_alias=True, exclude_none=True) == status
+    assert model_cache_status([("a", {"models": "not a list"})]) == {
+        "nodes": [{"node": "a", "bytes": 0, "models": []}]
+    }
+    assert model_cache_status([]) is None
+
+
+def test_a_start_records_what_its_fetch_downloaded() -> None:
+    assert record(pod(), report(fetchedBytes=0))["fetchedBytes"] == 0  # type: ignore[index]
+    assert record(pod(), report(fetchedBytes=4_000_000))["fetchedBytes"] == 4_000_000  # type: ignore[index]
+    for bad in (-1, 1.5, True, "7"):
+        assert "fetchedBytes" not in record(pod(), report(fetchedBytes=bad))  # type: ignore[operator]

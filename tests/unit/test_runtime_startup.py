@@ -142,7 +142,7 @@ def test_phases_on_metrics_once_ready() -> None:
     before = render(status, None).decode()
     assert "pagoda_startup_phase_seconds" not in before  # loading: nothing to observe yet
     clock.phases = {"imports": 12.0, "modelFetch": 0.4, "engineSetup": 30.0}
-    clock.model_bytes = 5_000_000
+    clock.model_bytes, clock.fetched_bytes = 5_000_000, 0
     clock.ready_at = time.time()
     samples = [s for f in text_string_to_metric_families(render(status, None).decode()) for s in f.samples]
     names = {s.name for s in samples}
@@ -158,6 +158,7 @@ def test_phases_on_metrics_once_ready() -> None:
     assert buckets[("modelFetch", "0.5")] == 1 and buckets[("engineSetup", "+Inf")] == 1
     size = [s.value for s in samples if s.name == "pagoda_startup_model_bytes"]
     assert size == [5_000_000]
+    assert [s.value for s in samples if s.name == "pagoda_startup_fetched_bytes"] == [0]
     load = [s.value for s in samples if s.name == "pagoda_model_load_seconds"]
     assert load == [pytest.approx(42.4)]
 
