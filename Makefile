@@ -179,6 +179,11 @@ bench-engine: venv ## Engine benchmark: vLLM's CPU worker process vs the model i
 bench-lora: venv ## LoRA benchmark: N adapters on one runtime vs N merged runtimes (docs/benchmarks.md).
 	$(PY) benchmarks/bench_lora.py
 
+.PHONY: package-model
+package-model: venv ## Pack a model folder as an OCI image and push it: make package-model MODEL=DIR IMAGE=REF [TLS_VERIFY=false].
+	@test -n "$(MODEL)" -a -n "$(IMAGE)" || { echo "usage: make package-model MODEL=DIR IMAGE=registry/repository:tag"; exit 2; }
+	$(PY) -m e2e.modelimage "$(MODEL)" "$(IMAGE)" --tls-verify=$(or $(TLS_VERIFY),true)
+
 .PHONY: bench-coldstart
 bench-coldstart: venv tools ## Cold start: first start vs a node-cache hit, 1.1 GB model from MinIO over a 1 Gbit/s link (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/coldstart.py

@@ -4,11 +4,13 @@ through Envoy; the endpoint picker's flow control holds them all (its queue metr
 reads them); KEDA's picker-queue trigger activates and scales the Deployment to one; the pod starts a real
 runtime and becomes Ready; the picker dispatches the held requests to it and all ten succeed. The cold start
 (first request sent -> first token) is measured. With nothing in flight, KEDA takes the service back to zero
-after the cooldown."""
+after the cooldown. The model is an OCI image in the local registry (`make package-model`, pinned by digest),
+which the kubelet mounts as an image volume: the start downloads nothing (status.startup's fetchedBytes 0)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from typing import Any
@@ -17,11 +19,12 @@ import httpx
 import pytest
 import yaml
 
+from e2e import modelimage
 from e2e.chartenv import ChartOperator
 from e2e.fixtures import tiny_sample
 from e2e.gateway import start_gateway
 from e2e.observability import PrometheusAt, dashboard, panel_queries
-from e2e.processes import wait_until
+from e2e.processes import VENV_BIN, wait_until
 from e2e.realpods import condition, get_json, isvc, pods
 from e2e.stack import Stack
 from pagoda.operator.resources.scaledobject import picker_queue_query
@@ -33,10 +36,24 @@ POLLING_SECONDS, COOLDOWN_SECONDS = 5, 30
 PICKS = "inference_extension_scheduler_attempts_total"
 
 
-def routed_sample(namespace: str) -> dict[str, Any]:
-    """KEDA finds Prometheus at the default `prometheusAddress`, a Service name, as in a user's cluster."""
+@pytest.fixture(scope="module")
+def model_image(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, int]:
+    """The tiny model as an OCI image in the local registry (`make package-model`): its oci:// URI, pinned by
+    digest, and the model's bytes."""
+    model = tmp_path_factory.mktemp("model-image") / "tiny"
+    subprocess.run([str(VENV_BIN / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
+    reference = f"{stack.cluster.urls['registry']}/pagoda-models/tiny:e2e"
+    digest = modelimage.package(model, reference, tls_verify=False)
+    size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
+    return f"oci://{modelimage.without_tag(reference)}@{digest}", size
+
+
+def routed_sample(namespace: str, model_uri: str) -> dict[str, Any]:
+    """KEDA finds Prometheus at the default `prometheusAddress`, a Service name, as in a user's cluster. The
+    model is an OCI image (spec.model.uri oci://...), which the kubelet mounts as an image volume."""
     sample = tiny_sample(namespace, NAME, real_pods=True)
     spec = sample["spec"]
+    spec["model"]["uri"] = model_uri
     spec.pop("replicas")
     spec["runtime"]["startupTimeoutSeconds"] = 900
     spec["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": "2s"}}
@@ -115,10 +132,11 @@ class Request:
 
 
 def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
-    stack: Stack, operator: ChartOperator, namespace: str
+    stack: Stack, operator: ChartOperator, namespace: str, model_image: tuple[str, int]
 ) -> None:
     cluster = stack.cluster
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace)))
+    model_uri, model_bytes = model_image
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace, model_uri)))
     # The Deployment is created at zero replicas (minReplicas 0: no engine starts only to be removed).
     wait_until(
         lambda: at_zero(stack, namespace), "the service at zero replicas, Ready ScaledToZero", 300, 1.0
@@ -157,6 +175,17 @@ def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
         assert {r.upstream.rsplit(":", 1)[0] for r in requests if r.upstream} <= pod_ips
         cold_start = min(r.first_token for r in requests if r.first_token is not None)
         slowest = max(r.done for r in requests if r.done is not None)
+        # The model came as an image volume: nothing downloaded at start, the image's files loaded.
+        [pod] = pods(cluster, namespace, NAME)
+        volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "model-source")
+        assert volume["image"]["reference"] == model_uri.removeprefix("oci://")
+
+        def started() -> dict[str, Any] | None:
+            return ((isvc(cluster, namespace, NAME).get("status") or {}).get("startup") or {}).get("last")
+
+        last = wait_until(started, "the start in status.startup", 60, 1.0)
+        assert (last["fetchedBytes"], last["modelBytes"]) == (0, model_bytes)
+        assert last["phases"]["modelFetch"] < 2.0, last
         # A few more once Prometheus has the picker's pick counter (a counter's first sample has no rate).
         wait_until(lambda: prometheus.query(PICKS), "the picker's pick counter in Prometheus", 60, 1.0)
         for n in range(3):

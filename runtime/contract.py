@@ -16,6 +16,14 @@ HTTP_PORT = 8000
 PORT_NAME = "http"
 CACHE_DIR = "/var/cache/pagoda"
 MODELS_DIR = "/mnt/models"
+# An oci:// model: the image is mounted read-only here (a Kubernetes image volume), its files at the top.
+IMAGE_MODEL_DIR = "/mnt/model-image"
+# An OCI image reference after oci://: registry host[:port], a repository path, then a tag and/or a digest.
+# RE2-compatible (also a CEL rule of the CRD) and unanchored.
+OCI_REFERENCE_PATTERN = (
+    r"[A-Za-z0-9]([-.A-Za-z0-9]*[A-Za-z0-9])?(:[0-9]+)?(/[a-z0-9]+([._-]+[a-z0-9]+)*)+"
+    r"(:[A-Za-z0-9_][-.A-Za-z0-9_]{0,127})?(@sha256:[a-f0-9]{64})?"
+)
 
 # Why a runtime could not start: it writes a short reason to the file this variable names (the container's
 # terminationMessagePath); the kubelet keeps it in lastState.terminated.message, the operator puts it in the

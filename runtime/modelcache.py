@@ -96,7 +96,7 @@ class ModelCache:
         """The model's folder, downloaded first unless another runtime sharing the cache has it (or is
         fetching it: then this waits). The model stays in use (safe from eviction) while this process lives.
         `download`: what moves the bytes (sources.fetch by default)."""
-        if source.scheme not in ("hf", "s3"):
+        if source.scheme in sources.LOCAL_SCHEMES:
             return Fetched(sources.fetch(source, str(self.root), revision), 0)
         folder = model_folder(source, self.root)
         key = self._key(folder)

@@ -3,6 +3,8 @@
 - `file:///abs/path` (or a bare path): used in place.
 - `pvc://<claim>/<path>`: the PersistentVolumeClaim is mounted at `/mnt/models/<claim>` (the operator's
   convention; `PAGODA_PVC_ROOT` overrides the root), so this is `/mnt/models/<claim>/<path>`.
+- `oci://<registry>/<repository>[:tag][@digest]`: an image whose files are the model folder, mounted by the
+  kubelet as an image volume at `/mnt/model-image` (`PAGODA_IMAGE_MODEL_DIR` overrides it): used in place.
 - `hf://<org>/<name>`: downloaded into `<cache-dir>/hf` (token from `HF_TOKEN`); with no network the
   cached copy is used, and when there is none the error says so.
 - `s3://<bucket>/<prefix>`: every object under the prefix, downloaded with the MinIO client (any S3 API
@@ -29,9 +31,11 @@ from pagoda.runtime import contract
 log = logging.getLogger("pagoda.runtime.sources")
 
 PVC_ROOT_DEFAULT = contract.MODELS_DIR
+LOCAL_SCHEMES = ("file", "pvc", "oci")  # on a volume of the pod already: nothing to download
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _HF_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _BUCKET = re.compile(rf"^{contract.S3_BUCKET_PATTERN}$")
+_OCI = re.compile(rf"^{contract.OCI_REFERENCE_PATTERN}$")
 S3_ENDPOINT_DEFAULT = "https://s3.amazonaws.com"
 # S3 error codes that mean the credentials are wrong or not allowed to read the bucket.
 _S3_AUTH_CODES = {
@@ -64,7 +68,7 @@ class ModelSourceError(ValueError):
 @dataclass(frozen=True)
 class ModelSource:
     uri: str
-    scheme: str  # file | pvc | hf | s3
+    scheme: str  # file | pvc | oci | hf | s3
     location: str  # local path, hf repo id, or bucket
     key: str = ""  # s3 prefix
 
@@ -81,7 +85,7 @@ def parse_model_uri(uri: str) -> ModelSource:
     if not sep:
         if not uri.startswith("/"):
             raise ModelSourceError(
-                f"model {uri!r}: use a URI (file://, pvc://, hf://, s3://) or an absolute path"
+                f"model {uri!r}: use a URI (file://, pvc://, oci://, hf://, s3://) or an absolute path"
             )
         return ModelSource(uri, "file", uri)
     if scheme == "file":
@@ -96,6 +100,12 @@ def parse_model_uri(uri: str) -> ModelSource:
             raise ModelSourceError(f"model {uri!r}: the path may not contain '..'")
         root = Path(os.environ.get("PAGODA_PVC_ROOT", PVC_ROOT_DEFAULT))
         return ModelSource(uri, "pvc", str(root / claim / path))
+    if scheme == "oci":
+        if not _OCI.match(rest):
+            raise ModelSourceError(
+                f"model {uri!r}: oci:// needs an image reference (oci://<registry>/<repository>[:tag])"
+            )
+        return ModelSource(uri, "oci", os.environ.get("PAGODA_IMAGE_MODEL_DIR", contract.IMAGE_MODEL_DIR))
     if scheme == "hf":
         parts = rest.strip("/").split("/")
         if not 1 <= len(parts) <= 2 or not all(_HF_PART.match(p) for p in parts):
@@ -115,7 +125,7 @@ def parse_model_uri(uri: str) -> ModelSource:
                 f"model {uri!r}: the s3:// prefix {prefix!r} may not contain '.', '..' or empty parts ('//')"
             )
         return ModelSource(uri, "s3", bucket, prefix)
-    raise ModelSourceError(f"model {uri!r}: unknown scheme {scheme!r} (use file, pvc, hf or s3)")
+    raise ModelSourceError(f"model {uri!r}: unknown scheme {scheme!r} (use file, pvc, oci, hf or s3)")
 
 
 SAFETENSORS_HEADER_LIMIT = 100 * 1024**2  # the format's own bound on the JSON header
@@ -188,11 +198,11 @@ def check_model_dir(uri: str, path: Path) -> Path:
 
 
 def check_local(uri: str) -> None:
-    """`check_model_dir` for a model already on this machine (file://, pvc://), for `serve` to run before it
-    imports the engine: a wrong path or a damaged copy then fails in milliseconds rather than after the 15 s
-    of importing torch and vLLM. Downloads (hf://, s3://) are checked when they have arrived."""
+    """`check_model_dir` for a model already on this machine (file://, pvc://, oci://), for `serve` to run
+    before it imports the engine: a wrong path or a damaged copy then fails in milliseconds rather than after
+    the 15 s of importing torch and vLLM. Downloads (hf://, s3://) are checked when they have arrived."""
     source = parse_model_uri(uri)
-    if source.scheme in ("file", "pvc"):
+    if source.scheme in LOCAL_SCHEMES:
         check_model_dir(uri, Path(source.location))
 
 
@@ -204,7 +214,7 @@ def resolve(source: ModelSource, cache_dir: str, revision: str | None = None) ->
 def fetch(source: ModelSource, cache_dir: str, revision: str | None = None) -> Path:
     """The local directory behind `source`, downloaded first for hf:// and s3:// (unchecked; LoRA adapters
     use this too). Blocking."""
-    if source.scheme in ("file", "pvc"):
+    if source.scheme in LOCAL_SCHEMES:
         return Path(source.location)
     if source.scheme == "hf":
         return _resolve_hf(source, Path(cache_dir) / "hf", revision)

@@ -7,19 +7,19 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pagoda.runtime.contract import MODELS_DIR
+from pagoda.runtime.contract import IMAGE_MODEL_DIR, MODELS_DIR
 
 from .base import ApiModel, ObjectName, Quantity
 from .rules import (
     CACHE_RULES,
     MODEL_RULES,
+    MODEL_URI_PATTERN,
     MSG_CACHE,
     MSG_CACHE_NODE,
     MSG_CACHE_SIZE,
     MSG_CACHE_STORAGE_CLASS,
     MSG_MODEL_REVISION,
     MSG_URI,
-    URI_PATTERN,
     ZERO_QUANTITY_PATTERN,
     validations,
 )
@@ -79,7 +79,9 @@ class ModelSource(ApiModel):
     uri: str = Field(
         max_length=2048,
         description="Where the weights are: hf://org/name (Hugging Face hub), s3://bucket/path, "
-        f"pvc://claim/path (mounted read-only at {MODELS_DIR}/<claim>) or file:///path (inside the image).",
+        f"pvc://claim/path (mounted read-only at {MODELS_DIR}/<claim>), oci://registry/repository:tag (an "
+        f"image whose files are the model folder, mounted read-only at {IMAGE_MODEL_DIR} as an image "
+        "volume: the node's container runtime pulls and keeps it) or file:///path (inside the image).",
     )
     served_name: str | None = Field(
         default=None,
@@ -107,7 +109,7 @@ class ModelSource(ApiModel):
     @field_validator("uri")
     @classmethod
     def _known_scheme(cls, value: str) -> str:
-        if not re.match(URI_PATTERN, value):
+        if not re.match(MODEL_URI_PATTERN, value):
             raise ValueError(MSG_URI)
         return value
 
@@ -125,6 +127,11 @@ class ModelSource(ApiModel):
     def node_cache(self) -> bool:
         """cache.scope Node: the node's folder, one per namespace, shared by the pods on the node."""
         return self.cache is not None and self.cache.scope == "Node"
+
+    @property
+    def oci_reference(self) -> str | None:
+        """The image reference of an oci:// URI, or None."""
+        return self.uri.removeprefix("oci://") if self.scheme == "oci" else None
 
     @property
     def pvc_claim(self) -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import JsonValue
 
-from pagoda.runtime.contract import S3_BUCKET_PATTERN
+from pagoda.runtime.contract import OCI_REFERENCE_PATTERN, S3_BUCKET_PATTERN
 from pagoda.runtime.vllmflags import OWNED_FLAGS, owned_flag_pattern
 
 JsonDict = dict[str, JsonValue]
@@ -21,10 +21,16 @@ _S3_PART = r"([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+)"
 _S3 = rf"s3://{S3_BUCKET_PATTERN}/{_S3_PART}(/{_S3_PART})*/?"
 _PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?"
 URI_PATTERN = rf"^({_HF}|{_S3}|{_PVC}|file:///.*)$"
+# A model may also be an OCI image (oci://registry/repository:tag), mounted as an image volume; an adapter
+# may not (its files come to a running pod, which cannot mount a new volume).
+MODEL_URI_PATTERN = rf"^({_HF}|{_S3}|{_PVC}|oci://{OCI_REFERENCE_PATTERN}|file:///.*)$"
 # Flags the runtime sets itself, in any spelling vLLM accepts: vLLM must not get them again in extraArgs.
 OWNED_FLAG_PATTERN = owned_flag_pattern()
 
-MSG_URI = "spec.model.uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path or file:///path"
+MSG_URI = (
+    "spec.model.uri must use a known scheme: hf://org/name, s3://bucket/path, pvc://claim/path, "
+    "oci://registry/repository:tag or file:///path"
+)
 MSG_MODEL_REVISION = "spec.model.revision is a hub revision (branch, tag or commit): it needs an hf:// uri"
 MSG_CACHE = "spec.model.cache: set either pvc or size, not both"
 MSG_CACHE_SIZE = "spec.model.cache.size must be greater than 0"
@@ -126,7 +132,7 @@ def rule(
 
 
 MODEL_RULES = [
-    rule(f"self.uri.matches('{URI_PATTERN}')", MSG_URI, ".uri"),
+    rule(f"self.uri.matches('{MODEL_URI_PATTERN}')", MSG_URI, ".uri"),
     rule("!has(self.revision) || self.uri.startsWith('hf://')", MSG_MODEL_REVISION, ".revision"),
 ]
 # A quantity of 0 written any way the quantity pattern allows (0, 0.0, .0Gi, 0e3, +0).

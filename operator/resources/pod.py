@@ -10,6 +10,7 @@ from pagoda.operator.api.model import NODE_CACHE_ROOT
 from pagoda.runtime.contract import (
     CACHE_DIR,
     HTTP_PORT,
+    IMAGE_MODEL_DIR,
     MODELS_DIR,
     PORT_NAME,
     TERMINATION_MESSAGE_ENV,
@@ -190,6 +191,8 @@ def volume_mounts(spec: InferenceServiceSpec, management: bool = False) -> list[
     claim = spec.model.pvc_claim
     if claim:
         mounts.append({"name": "model-source", "mountPath": f"{MODELS_DIR}/{claim}", "readOnly": True})
+    if spec.model.oci_reference:
+        mounts.append({"name": "model-source", "mountPath": IMAGE_MODEL_DIR, "readOnly": True})
     for volume, adapter_claim in adapter_claims(spec):
         mounts.append({"name": volume, "mountPath": f"{MODELS_DIR}/{adapter_claim}", "readOnly": True})
     if spec.engine.chat_template is not None:
@@ -217,6 +220,11 @@ def volumes(name: str, spec: InferenceServiceSpec, management: bool = False) -> 
     if claim:
         result.append(
             {"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+    if spec.model.oci_reference:  # the kubelet pulls it like a container image; the node keeps it
+        pull = spec.runtime.image_pull_policy or "IfNotPresent"
+        result.append(
+            {"name": "model-source", "image": {"reference": spec.model.oci_reference, "pullPolicy": pull}}
         )
     for volume, adapter_claim in adapter_claims(spec):
         result.append(

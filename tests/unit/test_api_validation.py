@@ -99,6 +99,18 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         r.MSG_CACHE_STORAGE_CLASS,
     ),
     (
+        "oci-without-repository",
+        _set("model.uri", "oci://registry.example"),
+        "spec.model.uri",
+        r.MSG_URI,
+    ),
+    (
+        "oci-adapter",  # an adapter comes to a running pod, which cannot mount a new image volume
+        _set("lora", {"adapters": [{"name": "sql", "uri": "oci://registry.example/adapters/sql:1"}]}),
+        "spec.lora.adapters[].uri",
+        r.MSG_ADAPTER_URI,
+    ),
+    (
         "cache-node-with-pvc",
         _set("model.cache", {"scope": "Node", "pvc": "shared"}),
         "spec.model.cache.scope",

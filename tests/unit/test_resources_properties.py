@@ -12,6 +12,8 @@ from fakekube import deployment_of
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources import CHILD_KINDS, desired_children, labels, selector, selector_string
 from pagoda.operator.resources.pod import termination_grace_seconds
+from pagoda.runtime.contract import IMAGE_MODEL_DIR
+from pagoda.runtime.sources import parse_model_uri
 
 OWNER_LABELS = {
     "app.kubernetes.io/name": "pagoda-runtime",
@@ -221,6 +223,20 @@ def test_pvc_model_is_mounted_where_the_runtime_looks(all_examples: dict[str, di
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["model-source"]["persistentVolumeClaim"] == {"claimName": "models", "readOnly": True}
     assert volumes["model-cache"]["persistentVolumeClaim"] == {"claimName": "vllm-cache"}
+
+
+def test_oci_model_is_an_image_volume_mounted_where_the_runtime_looks(llama_spec: dict[str, Any]) -> None:
+    reference = "registry.example/models/llama@sha256:" + "1" * 64
+    llama_spec["model"] = {"uri": f"oci://{reference}"}
+    pod = _by_kind(_children("m", llama_spec))["Deployment"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["model-source"] == {"name": "model-source", "mountPath": IMAGE_MODEL_DIR, "readOnly": True}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["model-source"] == {
+        "name": "model-source",
+        "image": {"reference": reference, "pullPolicy": "IfNotPresent"},
+    }
+    assert parse_model_uri(llama_spec["model"]["uri"]).location == IMAGE_MODEL_DIR
 
 
 def test_builders_are_pure(llama_spec: dict[str, Any]) -> None:

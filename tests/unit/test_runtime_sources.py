@@ -31,10 +31,13 @@ def write_model(path: Path) -> Path:
         ("hf://gpt2", "hf", "gpt2", "gpt2"),
         ("s3://my-bucket/llama/3-8b", "s3", "my-bucket", "3-8b"),
         ("s3://my-bucket/llama/3-8b/", "s3", "my-bucket", "3-8b"),
+        ("oci://registry.example:5000/models/llama:3.1", "oci", "/mnt/model-image", "model-image"),
+        ("oci://ghcr.io/org/llama@sha256:" + "0" * 64, "oci", "/mnt/model-image", "model-image"),
     ],
 )
 def test_parse(uri: str, scheme: str, location: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PAGODA_PVC_ROOT", raising=False)
+    monkeypatch.delenv("PAGODA_IMAGE_MODEL_DIR", raising=False)
     source = parse_model_uri(uri)
     assert (source.scheme, source.location, source.default_name) == (scheme, location, name)
 
@@ -51,6 +54,9 @@ def test_parse(uri: str, scheme: str, location: str, name: str, monkeypatch: pyt
         "s3://bucket",  # no prefix
         "s3://B/x",  # invalid bucket name
         "gs://bucket/x",
+        "oci://registry",  # no repository
+        "oci://registry/Upper",  # repositories are lower case
+        "oci://registry/x:bad tag",
     ],
 )
 def test_parse_rejects_with_the_uri_in_the_message(uri: str) -> None:
