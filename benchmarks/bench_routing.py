@@ -1,7 +1,7 @@
 """Prefix-aware routing (GIE's endpoint picker behind Envoy) vs round-robin, side by side in one run, on
 three real replicas of the tiny model whose KV caches each hold about a third of the workload's prefixes.
 
-    make bench-routing    (or: .venv/bin/python benchmarks/bench_routing.py [--rounds 2] [--rate R])
+    make bench-routing    (or: .venv/bin/python benchmarks/bench_routing.py [--rounds 2] [--rates 1,2,3])
 
 1. A private local cluster with the real node (kubelet + containerd: pods from the CPU runtime image at
    real pod IPs), the operator, GIE v1.5.0's InferencePool CRD; one InferenceService `bench` with
@@ -10,18 +10,22 @@ three real replicas of the tiny model whose KV caches each hold about a third of
    left for the requests it runs.
 2. The workload: many users, each reusing one of N long system prompts picked uniformly (N large enough that
    one replica cannot cache them all), a short question each, 8 generated tokens. The same sequence of
-   (prompt, question) is sent (a) through Envoy and the real picker, (b) round-robin over the same three
-   pods, as a Service would. Each mode and load gets its own prompt texts (a salt at the start), so none
-   starts on another's cache; the order of the modes alternates between rounds. Two loads per round:
+   (prompt, question) is sent (a) through Envoy and the real picker, (b) through the same Envoy round-robin
+   over the same three pods (a second listener to a ROUND_ROBIN cluster, as a Service's kube-proxy would
+   spread them, e2e/gateway.py): the two sides differ only in the picking. Each mode and load gets its own
+   prompt texts (a salt at the start), so none starts on another's cache; the order of the modes alternates
+   between rounds. First a warm-up through both sides (its own prompts, not counted). Then per round:
    - closed loop: C concurrent clients (more than the replicas' batch slots), each sending its next request
      when the last finished: each side's capacity;
-   - open loop: requests sent at a fixed rate, by default halfway between the two closed-loop throughputs
-     (more than round-robin serves, less than the picker does): the overload in which KubeAI measured its
-     prefix-hash routing, where the side that cannot keep up piles requests into its queues.
+   - a sweep of open-loop arrival rates (requests sent at a fixed rate whatever happens to the others, as
+     users arrive): by default 0.5, 0.75, 1.0, 1.25 and 1.5 times round-robin's closed-loop capacity in the
+     first round, the same rates in every round; from under load to the overload in which KubeAI measured
+     its prefix-hash routing, where the side that cannot keep up piles requests into its queues.
 3. Per mode and load: throughput (requests/s and generated tokens/s), TTFT p50/p99/mean (streamed, first
    content), and the engines' own prefix-cache hit rate (vllm:prefix_cache_hits / vllm:prefix_cache_queries,
    summed over the pods, before minus after).
-Prints a markdown table and writes the raw numbers to .pagoda-dev/bench-routing.json.
+Prints a markdown table (per load: the median over rounds of each side, the median ratio and its range) and
+writes the raw numbers to .pagoda-dev/bench-routing.json.
 """
 
 from __future__ import annotations
@@ -210,15 +214,17 @@ def run_mode(
     mode: str,
     round_: int,
     workload: Workload,
-    targets: list[str],
+    url: str,
     pod_urls: list[str],
     rate: float | None = None,
+    salt: str | None = None,
 ) -> Result:
-    """The workload's sequence; request n goes to targets[n % len(targets)] (one target: Envoy; the pods:
-    round-robin). Closed loop (`rate` None): `concurrency` clients, each sending its next request when the
-    last one finished, so the replicas are kept saturated (throughput). Open loop: request n is sent at
-    n / `rate` seconds whatever happens to the others, as users arrive (TTFT under a given load)."""
-    prompts = workload.system_prompts(f"{mode}-{round_}-{'open' if rate else 'closed'}")
+    """The workload's sequence, each request to `url` (Envoy's picker listener or its round-robin one).
+    Closed loop (`rate` None): `concurrency` clients, each sending its next request when the last one
+    finished, so the replicas are kept saturated (throughput). Open loop: request n is sent at n / `rate`
+    seconds whatever happens to the others, as users arrive (TTFT under a given load). `salt`: the prompts'
+    (default: one per mode, round and load)."""
+    prompts = workload.system_prompts(salt or f"{mode}-{round_}-{f'open-{rate:.3f}' if rate else 'closed'}")
     before = scrape(pod_urls)
     lock = threading.Lock()
     ttft: list[float] = []
@@ -227,7 +233,7 @@ def run_mode(
     def one(http: httpx.Client, n: int) -> None:
         index, question = workload.sequence[n]
         try:
-            first, tokens = send(http, targets[n % len(targets)], prompts[index], question)
+            first, tokens = send(http, url, prompts[index], question)
         except (httpx.HTTPError, RuntimeError):
             with lock:
                 outcome["failed"] += 1
@@ -277,53 +283,78 @@ def run_mode(
     return result
 
 
-def table(rows: list[dict[str, Any]]) -> str:
-    def mean(load: str, mode: str, key: str) -> float:
-        return statistics.fmean(r[key] for r in rows if r["mode"] == mode and r["load"].startswith(load))
+def median_range(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
 
-    keys = [
-        ("requests_per_s", "requests/s", "{:.2f}"),
-        ("tokens_per_s", "generated tokens/s", "{:.1f}"),
-        ("ttft_p50_s", "TTFT p50 (s)", "{:.2f}"),
-        ("ttft_p99_s", "TTFT p99 (s)", "{:.2f}"),
-        ("ttft_mean_s", "TTFT mean (s)", "{:.2f}"),
-        ("prefix_hit_rate", "prefix-cache hit rate", "{:.1%}"),
-    ]
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The curve, one line per load (the closed loop, then each arrival rate): each side's median over the
+    rounds (picker / round-robin), and the median of the per-round throughput ratios with their range."""
+
+    def side(load: str, mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in rows if r["load"] == load and r["mode"] == mode)
+
     lines = [
-        "| load | | picker (Envoy + EPP) | round-robin | picker / round-robin |",
-        "|---|---|---|---|---|",
+        "| load | generated tokens/s, picker / round-robin | ratio (range over rounds) | TTFT p50 (s) | "
+        "TTFT p99 (s) | prefix-cache hit rate | failed |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for load, label in (("closed", "closed loop (saturated)"), ("open", "open loop (overload)")):
-        if not any(r["load"].startswith(load) for r in rows):
-            continue
-        rates = sorted({r["load"] for r in rows if r["load"].startswith(load)})
-        for key, name, fmt in keys:
-            a, b = mean(load, "picker", key), mean(load, "round-robin", key)
-            ratio = f"{a / b:.2f}x" if b else "n/a"
-            lines.append(f"| {label} | {name} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
-        if load == "open":
-            lines.append(f"| {label} | arrival rate | {', '.join(rates)} | same | |")
-    failed = sum(r["failed"] for r in rows)
-    lines.append(f"| all | failed requests | {failed} | | |")
+    loads = sorted({r["load"] for r in rows}, key=lambda load: (load != "closed", load_rate(load)))
+    for load in loads:
+        label = "closed loop (saturated)" if load == "closed" else f"arrivals {load.removeprefix('open ')}"
+        ratios = []
+        for round_ in sorted({r["round"] for r in rows if r["load"] == load}):
+            found = {r["mode"]: r["tokens_per_s"] for r in rows if r["load"] == load and r["round"] == round_}
+            if found.get("round-robin") and "picker" in found:
+                ratios.append(found["picker"] / found["round-robin"])
+        ratio = "n/a"
+        if ratios:
+            mid, low, high = median_range(ratios)
+            ratio = f"**{mid:.2f}x** ({low:.2f}-{high:.2f})"
+
+        def pair(key: str, fmt: str, load: str = load) -> str:
+            return f"{fmt.format(side(load, 'picker', key))} / {fmt.format(side(load, 'round-robin', key))}"
+
+        failed = sum(r["failed"] for r in rows if r["load"] == load)
+        lines.append(
+            f"| {label} | {pair('tokens_per_s', '{:.1f}')} | {ratio} | {pair('ttft_p50_s', '{:.2f}')} | "
+            f"{pair('ttft_p99_s', '{:.2f}')} | {pair('prefix_hit_rate', '{:.0%}')} | {failed} |"
+        )
     return "\n".join(lines)
+
+
+def load_rate(load: str) -> float:
+    """The arrival rate of a row's load ("open 2.50/s"); 0 for the closed loop."""
+    return float(load.removeprefix("open ").removesuffix("/s")) if load.startswith("open") else 0.0
+
+
+SWEEP = (0.5, 0.75, 1.0, 1.25, 1.5)  # arrival rates, as fractions of round-robin's closed-loop capacity
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=int, default=12, help="distinct system prompts (N)")
     parser.add_argument("--prompt-words", type=int, default=600, help="words per system prompt")
-    parser.add_argument("--requests", type=int, default=150, help="requests per mode, load and round")
+    parser.add_argument(
+        "--requests", type=int, default=150, help="requests per closed loop (per mode, round)"
+    )
+    parser.add_argument("--sweep-requests", type=int, default=100, help="requests per arrival rate")
     parser.add_argument("--concurrency", type=int, default=16, help="concurrent clients (3 x 4 batch slots)")
+    parser.add_argument(
+        "--warmup", type=int, default=24, help="requests through each side first, not counted"
+    )
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument(
-        "--rate",
-        type=float,
+        "--rates",
+        type=lambda text: [float(rate) for rate in text.split(",")],
         default=None,
-        help="open-loop arrival rate (requests/s); default: halfway between the two closed-loop throughputs",
+        help="open-loop arrival rates, requests/s, comma-separated; default: "
+        f"{', '.join(str(f) for f in SWEEP)} x round-robin's first closed-loop throughput",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".pagoda-dev" / "bench-routing.json")
     args = parser.parse_args(argv)
     workload = Workload(args.prompts, args.prompt_words, args.requests, args.concurrency)
+    sweep = Workload(args.prompts, args.prompt_words, args.sweep_requests, args.concurrency, seed=11)
     blocks, tokens = kv_blocks(workload)
     max_model_len = BLOCK_SIZE * ((tokens + 64) // BLOCK_SIZE + 2)
     print(
@@ -344,28 +375,35 @@ def main(argv: list[str] | None = None) -> int:
         pods = ready_pods(cluster, NAMESPACE, NAME)
         pod_urls = sorted(f"http://{p['status']['podIP']}:{HTTP_PORT}" for p in pods)
         assert len(pod_urls) == REPLICAS, pod_urls
-        gateway = start_gateway(cluster, NAME, NAMESPACE)
+        addresses = sorted((p["status"]["podIP"], HTTP_PORT) for p in pods)
+        gateway = start_gateway(cluster, NAME, NAMESPACE, round_robin=addresses)
+        urls = {"picker": gateway.url, "round-robin": gateway.round_robin_url}
+        if args.warmup:
+            warm = Workload(args.prompts, args.prompt_words, args.warmup, args.concurrency, seed=3)
+            for mode, url in urls.items():
+                result = run_mode(mode, -1, warm, url, pod_urls, salt=f"warm-up-{mode}")
+                print(f"warm-up {mode}: {result.completed} done, {result.failed} failed", flush=True)
         load = os.getloadavg()[0]
         rows: list[dict[str, Any]] = []
+        rates: list[float] = args.rates or []
         for round_ in range(args.rounds):
             order = ["picker", "round-robin"] if round_ % 2 == 0 else ["round-robin", "picker"]
             closed: dict[str, float] = {}
             for mode in order:  # saturated: each side's capacity
-                targets = [gateway.url] if mode == "picker" else pod_urls
-                result = run_mode(mode, round_, workload, targets, pod_urls)
+                result = run_mode(mode, round_, workload, urls[mode], pod_urls)
                 closed[mode] = result.completed / result.seconds
                 rows.append(result.row())
                 print(json.dumps(result.row()), flush=True)
-            # Users arriving at a rate between the two capacities: more than round-robin serves, less than the
-            # picker does (the overload in which KubeAI measured its prefix-hash routing).
-            rate = args.rate or (closed["picker"] + closed["round-robin"]) / 2
-            for mode in order:
-                targets = [gateway.url] if mode == "picker" else pod_urls
-                result = run_mode(mode, round_, workload, targets, pod_urls, rate=rate)
-                rows.append(result.row())
-                print(json.dumps(result.row()), flush=True)
+            rates = rates or [round(f * closed["round-robin"], 2) for f in SWEEP]
+            for rate in rates:
+                for mode in order:
+                    result = run_mode(mode, round_, sweep, urls[mode], pod_urls, rate=rate)
+                    rows.append(result.row())
+                    print(json.dumps(result.row()), flush=True)
         report = {
             "workload": {k: v for k, v in asdict(workload).items() if k != "sequence"},
+            "sweep_requests": args.sweep_requests,
+            "rates": rates,
             "prompt_tokens": tokens,
             "kv_blocks_per_replica": blocks,
             "block_size": BLOCK_SIZE,

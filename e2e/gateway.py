@@ -19,6 +19,10 @@ picker names in `x-gateway-destination-endpoint`. Timeouts are long enough for a
 flow control holds while a replica starts. Each response carries `x-pagoda-upstream`: the pod address Envoy
 sent the request to.
 
+For a side-by-side comparison (benchmarks/bench_routing.py), `round_robin=` pod addresses adds a second
+listener to the same Envoy (`gateway.round_robin_url`): the same route, timeouts and connection settings to a
+static ROUND_ROBIN cluster of those pods, without the picker, so the two sides differ only in the picking.
+
 Prometheus (e2e/monitoring.py) scrapes the picker through the ServiceMonitor the operator writes for it
 (spec.monitoring.serviceMonitor).
 
@@ -80,6 +84,12 @@ class Gateway:
     picker_service_ip: str  # the picker's ClusterIP: ext_proc and metrics
     picker_pod_ip: str  # gRPC health
     workdir: Path
+    round_robin_port: int | None = None  # a listener to the pods round-robin, without the picker
+
+    @property
+    def round_robin_url(self) -> str:
+        assert self.round_robin_port is not None, "start_gateway(..., round_robin=[...]) adds it"
+        return f"http://127.0.0.1:{self.round_robin_port}"
 
     @property
     def url(self) -> str:
@@ -165,8 +175,10 @@ def envoy_bootstrap(
     picker: Picker,
     *,
     timeout: float = REQUEST_TIMEOUT,
+    round_robin: tuple[int, list[tuple[str, int]]] | None = None,
 ) -> dict[str, Any]:
-    """Envoy's static config: GIE's standalone chart's, on loopback, with long timeouts."""
+    """Envoy's static config: GIE's standalone chart's, on loopback, with long timeouts. `round_robin`:
+    (port, pod addresses) for a second listener that sends the same route round-robin over those pods."""
     seconds = f"{timeout:.0f}s"
     access_log = {
         "name": "envoy.access_loggers.stdout",
@@ -213,39 +225,49 @@ def envoy_bootstrap(
             "suppress_envoy_headers": True,
         },
     }
-    route = {
-        "match": {"prefix": "/"},
-        "route": {"cluster": "original_destination", "timeout": seconds, "idle_timeout": seconds},
-        "response_headers_to_add": [
-            {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"}}
-        ],
-    }
-    listener = {
-        "name": "gateway",
-        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-        "filter_chains": [
-            {
-                "filters": [
-                    {
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                            "http_connection_manager.v3.HttpConnectionManager",
-                            "stat_prefix": "gateway",
-                            "stream_idle_timeout": seconds,
-                            "access_log": [access_log],
-                            "route_config": {
-                                "name": "pool",
-                                "virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [route]}],
-                            },
-                            "http_filters": [ext_proc, router],
-                        },
-                    }
-                ]
-            }
-        ],
-    }
+
+    def listener(name: str, listen: int, cluster: str, filters: list[dict[str, Any]]) -> dict[str, Any]:
+        route = {
+            "match": {"prefix": "/"},
+            "route": {"cluster": cluster, "timeout": seconds, "idle_timeout": seconds},
+            "response_headers_to_add": [
+                {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"}}
+            ],
+        }
+        manager = {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network."
+            "http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": name,
+            "stream_idle_timeout": seconds,
+            "access_log": [access_log],
+            "route_config": {
+                "name": "pool",
+                "virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [route]}],
+            },
+            "http_filters": [*filters, router],
+        }
+        return {
+            "name": name,
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+            "filter_chains": [
+                {
+                    "filters": [
+                        {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
+                    ]
+                }
+            ],
+        }
+
     many = {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
+    # Close idle connections to a pod before the runtime does (its keep-alive is 65 s): reusing one the
+    # runtime has just closed fails the request with a 503 (upstream reset before response).
+    to_pods = {
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "common_http_protocol_options": {"idle_timeout": "30s"},
+            "explicit_http_config": {"http_protocol_options": {}},
+        }
+    }
     original_destination = {
         "name": "original_destination",
         "type": "ORIGINAL_DST",
@@ -253,15 +275,7 @@ def envoy_bootstrap(
         "connect_timeout": "10s",
         "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
         "circuit_breakers": {"thresholds": [many]},
-        # Close idle connections to a pod before the runtime does (its keep-alive is 65 s): reusing one the
-        # runtime has just closed fails the request with a 503 (upstream reset before response).
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "common_http_protocol_options": {"idle_timeout": "30s"},
-                "explicit_http_config": {"http_protocol_options": {}},
-            }
-        },
+        "typed_extension_protocol_options": to_pods,
     }
     ext_proc_cluster = {
         "name": "ext_proc",
@@ -305,18 +319,44 @@ def envoy_bootstrap(
         ],
         "load_assignment": _one_endpoint(HEALTH_CLUSTER, picker.pod_ip, HEALTH_PORT),
     }
+    listeners = [listener("gateway", port, "original_destination", [ext_proc])]
+    clusters = [original_destination, ext_proc_cluster, picker_health]
+    if round_robin is not None:
+        rr_port, pods = round_robin
+        listeners.append(listener("round_robin", rr_port, "round_robin", []))
+        clusters.append(
+            {
+                "name": "round_robin",
+                "type": "STATIC",
+                "lb_policy": "ROUND_ROBIN",
+                "connect_timeout": "10s",
+                "circuit_breakers": {"thresholds": [many]},
+                "typed_extension_protocol_options": to_pods,
+                "load_assignment": _endpoints("round_robin", pods),
+            }
+        )
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {
-            "listeners": [listener],
-            "clusters": [original_destination, ext_proc_cluster, picker_health],
-        },
+        "static_resources": {"listeners": listeners, "clusters": clusters},
+    }
+
+
+def _endpoints(cluster: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
+    return {
+        "cluster_name": cluster,
+        "endpoints": [
+            {
+                "lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}}
+                    for ip, port in addresses
+                ]
+            }
+        ],
     }
 
 
 def _one_endpoint(cluster: str, ip: str, port: int) -> dict[str, Any]:
-    address = {"socket_address": {"address": ip, "port_value": port}}
-    return {"cluster_name": cluster, "endpoints": [{"lb_endpoints": [{"endpoint": {"address": address}}]}]}
+    return _endpoints(cluster, [(ip, port)])
 
 
 def picker_healthy_in_envoy(admin_url: str) -> bool:
@@ -341,10 +381,12 @@ def start_gateway(
     timeout: float = START_TIMEOUT,
     request_timeout: float = REQUEST_TIMEOUT,
     log_dir: Path | None = None,
+    round_robin: list[tuple[str, int]] | None = None,
 ) -> Gateway:
     """Starts Envoy in front of InferencePool `namespace/name` once its picker runs (waiting for the pool,
     the picker's rollout and Service); returns once Envoy's health check of the picker passes. On any
-    failure, stops what it started and raises StartError."""
+    failure, stops what it started and raises StartError. `round_robin`: pod (IP, port) pairs for a second
+    listener, `gateway.round_robin_url`, that spreads requests over them round-robin without the picker."""
     envoy_exe = envoy_binary()
     deadline = time.monotonic() + timeout
     log_dir = log_dir or cluster.workdir / "logs"
@@ -352,7 +394,7 @@ def start_gateway(
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
     picker = running_picker(cluster, name, namespace, deadline)
-    port, admin_port = free_ports(2)
+    port, admin_port, rr_port = free_ports(3)
     gateway = Gateway(
         name=name,
         namespace=namespace,
@@ -362,11 +404,13 @@ def start_gateway(
         picker_service_ip=picker.service_ip,
         picker_pod_ip=picker.pod_ip,
         workdir=workdir,
+        round_robin_port=rr_port if round_robin else None,
     )
     gateway.envoy.exe = envoy_exe
     procs = [gateway.envoy]
     try:
-        bootstrap = envoy_bootstrap(port, admin_port, picker, timeout=request_timeout)
+        pods = (rr_port, round_robin) if round_robin else None
+        bootstrap = envoy_bootstrap(port, admin_port, picker, timeout=request_timeout, round_robin=pods)
         (workdir / "envoy.yaml").write_text(yaml.safe_dump(bootstrap, sort_keys=False))
         envoy_args = ["--config-path", str(workdir / "envoy.yaml"), "--disable-hot-restart"]
         envoy_args += ["--log-level", "warn", "--concurrency", "2", "--drain-time-s", "1"]

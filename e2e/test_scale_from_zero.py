@@ -5,7 +5,11 @@ reads them); KEDA's picker-queue trigger activates and scales the Deployment to 
 runtime and becomes Ready; the picker dispatches the held requests to it and all ten succeed. The cold start
 (first request sent -> first token) is measured. With nothing in flight, KEDA takes the service back to zero
 after the cooldown. The model is an OCI image in the local registry (`make package-model`, pinned by digest),
-which the kubelet mounts as an image volume: the start downloads nothing (status.startup's fetchedBytes 0)."""
+which the kubelet mounts as an image volume: the start downloads nothing (status.startup's fetchedBytes 0).
+
+The other side of the waiting room: a routed service with no replica for longer than the picker holds a
+request (spec.replicas 0, routing.endpointPicker.queueTimeoutSeconds 5) answers a burst with 503s that
+name the reason, each after the waiting room and none later."""
 
 from __future__ import annotations
 
@@ -33,6 +37,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 NAME = "zero"
 REQUESTS = 10
 POLLING_SECONDS, COOLDOWN_SECONDS = 5, 30
+CLOSED, SHORT_WAIT_SECONDS = "closed", 5
 PICKS = "inference_extension_scheduler_attempts_total"
 
 
@@ -219,3 +224,48 @@ def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
 
     # Nothing in flight and nothing held: back to zero after the cooldown.
     wait_until(lambda: at_zero(stack, namespace), "back to zero replicas", COOLDOWN_SECONDS + 240, 1.0)
+
+
+def test_a_burst_that_outlasts_the_waiting_room_gets_503s_that_say_why_and_never_hangs(
+    stack: Stack, operator: ChartOperator, namespace: str
+) -> None:
+    """No replica comes (spec.replicas 0): each request waits the picker's waiting room (its flow control's
+    TTL, here 5 s), then gets 503 with GIE's reason ("request timed out in queue"); the service says at
+    zero that nothing wakes it. The picker's TTL sweep runs every second: 503 between 5 and 5 + 15 s."""
+    cluster = stack.cluster
+    sample = tiny_sample(namespace, CLOSED, real_pods=True)
+    sample["spec"]["replicas"] = 0
+    sample["spec"]["routing"] = {"endpointPicker": {"queueTimeoutSeconds": SHORT_WAIT_SECONDS, "cpu": "250m"}}
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+    try:
+        with start_gateway(cluster, CLOSED, namespace) as gateway:
+            body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+            answers: list[tuple[int | None, float, str]] = []
+
+            def send() -> None:
+                t0 = time.monotonic()
+                try:
+                    with httpx.Client(timeout=60) as client:
+                        response = client.post(f"{gateway.url}/v1/chat/completions", json=body)
+                    answers.append((response.status_code, time.monotonic() - t0, response.text))
+                except httpx.HTTPError as exc:
+                    answers.append((None, time.monotonic() - t0, repr(exc)))
+
+            threads = [threading.Thread(target=send) for _ in range(REQUESTS)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=120)
+        assert len(answers) == REQUESTS, answers
+        for status, seconds, text in answers:
+            assert status == 503, (status, seconds, text)
+            assert SHORT_WAIT_SECONDS - 1 <= seconds <= SHORT_WAIT_SECONDS + 15, (seconds, text)
+            assert "timed out in queue" in text, text
+        ready = condition(isvc(cluster, namespace, CLOSED), "Ready")
+        assert (ready.get("status"), ready.get("reason")) == ("False", "ScaledToZero"), ready
+        print(
+            f"\nWaiting room {SHORT_WAIT_SECONDS}s: {REQUESTS} x 503 after "
+            f"{min(a[1] for a in answers):.1f}-{max(a[1] for a in answers):.1f}s"
+        )
+    finally:
+        cluster.kubectl("delete", "-n", namespace, "inferenceservice", CLOSED, "--wait=false", check=False)

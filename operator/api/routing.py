@@ -9,6 +9,7 @@ See docs/routing.md.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Literal
 
 from pydantic import Field
@@ -18,6 +19,16 @@ from .network import NamespaceName
 
 PICKER_VERSION = "v1.5.0"
 DEFAULT_PICKER_IMAGE = f"registry.k8s.io/gateway-api-inference-extension/epp:{PICKER_VERSION}"
+# The waiting room: how long the picker holds a request while no replica can take it (GIE's flow-control
+# defaultRequestTTL). Unless the spec sets it, the longer of the default and WAITING_ROOM_MARGIN times the
+# service's typical cold start (status.startup.typical), in whole minutes: a start that takes long gets a
+# waiting room to match, and a picker config that moves only when the cold start moves by a minute (a change
+# restarts the picker).
+DEFAULT_QUEUE_TIMEOUT_SECONDS = 300
+MAX_QUEUE_TIMEOUT_SECONDS = 3600
+WAITING_ROOM_MARGIN = 2
+# What the gateway route allows a request after its wait, unless routing.gateway.requestTimeoutSeconds says.
+RESPONSE_ALLOWANCE_SECONDS = 300
 
 
 class EndpointPickerSpec(ApiModel):
@@ -29,13 +40,15 @@ class EndpointPickerSpec(ApiModel):
         max_length=512,
         description=f"The picker's image (GIE {PICKER_VERSION}, the version Pagoda is tested with).",
     )
-    queue_timeout_seconds: int = Field(
-        default=300,
+    queue_timeout_seconds: int | None = Field(
+        default=None,
         ge=1,
-        le=3600,
+        le=MAX_QUEUE_TIMEOUT_SECONDS,
         description="Longest a request waits in the picker's flow-control queue for a replica (also while "
-        "the first replica of a service scaled to zero starts) before the client gets 503; make it longer "
-        "than a replica's start-up.",
+        "the first replica of a service scaled to zero starts) before the client gets 503. Unset: "
+        f"{WAITING_ROOM_MARGIN} times the typical cold start this service measured "
+        f"(status.startup.typical.seconds) in whole minutes, at least {DEFAULT_QUEUE_TIMEOUT_SECONDS} and at "
+        f"most {MAX_QUEUE_TIMEOUT_SECONDS}.",
     )
     failure_mode: Literal["FailOpen", "FailClose"] = Field(
         default="FailClose",
@@ -59,11 +72,13 @@ class GatewayRef(ApiModel):
         max_length=16,
         description="Host names the route answers (HTTPRoute hostnames); empty: every host of the listener.",
     )
-    request_timeout_seconds: int = Field(
-        default=300,
+    request_timeout_seconds: int | None = Field(
+        default=None,
         ge=1,
         le=86400,
-        description="Longest a request may take end to end through the gateway (HTTPRoute timeouts.request).",
+        description="Longest a request may take end to end through the gateway (HTTPRoute timeouts.request). "
+        f"Unset: the picker's waiting room (endpointPicker.queueTimeoutSeconds) plus "
+        f"{RESPONSE_ALLOWANCE_SECONDS}, so that a request held while a replica starts is not cut.",
     )
 
 
@@ -77,3 +92,16 @@ class RoutingSpec(ApiModel):
     gateway: GatewayRef | None = Field(
         default=None, description="Optional Gateway to attach with an HTTPRoute to the InferencePool."
     )
+
+
+def waiting_room_seconds(queue_timeout_seconds: int | None, typical_start: float | None) -> int:
+    """How long the picker holds a request while no replica can take it: spec.routing.endpointPicker.
+    queueTimeoutSeconds when set, else WAITING_ROOM_MARGIN times the typical cold start (seconds, from
+    status.startup) rounded up to whole minutes, within [DEFAULT_QUEUE_TIMEOUT_SECONDS,
+    MAX_QUEUE_TIMEOUT_SECONDS]; the default before any start was measured."""
+    if queue_timeout_seconds is not None:
+        return queue_timeout_seconds
+    if typical_start is None:
+        return DEFAULT_QUEUE_TIMEOUT_SECONDS
+    measured = math.ceil(WAITING_ROOM_MARGIN * typical_start / 60) * 60
+    return min(MAX_QUEUE_TIMEOUT_SECONDS, max(DEFAULT_QUEUE_TIMEOUT_SECONDS, measured))

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pagoda.operator.api.routing import waiting_room_seconds
 from pagoda.operator.reconcile.admission import replica_failure_issue
 from pagoda.operator.reconcile.pods import PodIssue, pods_issue
 from pagoda.operator.reconcile.scheduling import unschedulable_issue
+from pagoda.operator.reconcile.startup import typical_seconds
 from pagoda.operator.reconcile.times import parse_time
 
 Obj = dict[str, Any]
@@ -59,7 +61,7 @@ def compute_status(
     spec = owner.get("spec") or {}
     stop = blocker(deployment, pods or [], spec, parse_time(now)) if deployment is not None else None
     conditions = [
-        ready_condition(deployment, problems, stop, routed=bool(spec.get("routing"))),
+        ready_condition(deployment, problems, stop, waiting_room=scale_from_zero_wait(owner)),
         progressing_condition(deployment, problems),
         degraded_condition(deployment, problems, stop),
         disruption_condition(deployment, spec),
@@ -132,23 +134,41 @@ def blocker(deployment: Obj, pods: list[Obj], spec: Obj, now: datetime | None) -
     return None
 
 
+def scale_from_zero_wait(owner: Obj) -> int | None:
+    """Seconds the endpoint picker holds a request while an autoscaled, routed service (spec.routing and
+    spec.autoscaling) starts its first replica (api/routing.py waiting_room_seconds); None for a service
+    that nothing wakes from zero."""
+    spec = owner.get("spec") or {}
+    routing, autoscaling = spec.get("routing"), spec.get("autoscaling")
+    if not isinstance(routing, dict) or not autoscaling:
+        return None
+    timeout = (routing.get("endpointPicker") or {}).get("queueTimeoutSeconds")
+    typical = typical_seconds((owner.get("status") or {}).get("startup"))
+    return waiting_room_seconds(timeout if isinstance(timeout, int) else None, typical)
+
+
 def ready_condition(
-    deployment: Obj | None, problems: list[Problem], stop: PodIssue | None = None, routed: bool = False
+    deployment: Obj | None,
+    problems: list[Problem],
+    stop: PodIssue | None = None,
+    waiting_room: int | None = None,
 ) -> Condition:
-    """Ready when every desired replica is; at zero replicas only when routed (spec.routing): the endpoint
-    picker then holds the first request and KEDA starts a replica for it."""
+    """Ready when every desired replica is; at zero replicas only when a request wakes the service
+    (`waiting_room`, scale_from_zero_wait's seconds): the endpoint picker then holds it while KEDA starts a
+    replica."""
     if deployment is None:
         if problems:
             return Condition("Ready", False, problems[0].reason, problems[0].message)
         return Condition("Ready", False, "DeploymentMissing", "The Deployment has not been created yet")
     want = desired_replicas(deployment)
     ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
-    if want == 0 and routed:
+    if want == 0 and waiting_room is not None:
         return Condition(
             "Ready",
             True,
             "ScaledToZero",
-            "No replica runs; the endpoint picker holds the next request while KEDA starts one",
+            f"No replica runs; the endpoint picker holds each request for up to {waiting_room} s while KEDA "
+            "starts one (then 503)",
         )
     if want == 0:
         return Condition("Ready", False, "ScaledToZero", "The Deployment is scaled to 0 replicas")

@@ -60,7 +60,8 @@ def desired_children(
     it (resources/management.py); the operator always gives it, and without it the pods' management API
     (the adapters) is off. `trusted_namespaces`: the namespaces the NetworkPolicies admit besides those the
     spec names (the operator's, Prometheus's; resources/networkpolicy.py). `typical_start`: the service's
-    typical cold start in seconds (status.startup.typical), how early a pre-warm window's replicas start.
+    typical cold start in seconds (status.startup.typical): how early a pre-warm window's replicas start, and
+    how long the endpoint picker holds a request while no replica runs (unless the spec says).
     """
     template = chat_template_text(spec, chat_template)
     # The NetworkPolicies first: the pods are never up without them.
@@ -82,7 +83,7 @@ def desired_children(
         )
     if spec.monitoring.service_monitor.enabled:
         children.append(service_monitor(name, namespace, spec.monitoring.service_monitor))
-    return children + routing_children(name, namespace, spec)
+    return children + routing_children(name, namespace, spec, typical_start)
 
 
 __all__ = [

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from pagoda.operator.api import InferenceServiceSpec, RoutingSpec, ServiceMonitorSpec
+from pagoda.operator.api.routing import RESPONSE_ALLOWANCE_SECONDS, waiting_room_seconds
 from pagoda.runtime.contract import HTTP_PORT
 
 from .meta import content_hash, labels, metadata, selector
@@ -59,25 +60,30 @@ def picker_metadata(name: str, namespace: str) -> dict[str, Any]:
     return {"name": picker_name(name), "namespace": namespace, "labels": child_labels}
 
 
-def routing_children(name: str, namespace: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+def routing_children(
+    name: str, namespace: str, spec: InferenceServiceSpec, typical_start: float | None = None
+) -> list[dict[str, Any]]:
     """Every routing object spec.routing asks for, in apply order: the picker's identity and config before
-    its Deployment, the pool before the route that points at it."""
+    its Deployment, the pool before the route that points at it. `typical_start`: the service's typical
+    cold start in seconds (status.startup.typical), which sizes the picker's waiting room unless the spec
+    sets it (api/routing.py waiting_room_seconds)."""
     routing = spec.routing
     if routing is None:
         return []
+    wait = waiting_room_seconds(routing.endpoint_picker.queue_timeout_seconds, typical_start)
     children = [
         service_account(name, namespace),
         role(name, namespace),
         role_binding(name, namespace),
-        config_map(name, namespace, spec),
-        picker_deployment(name, namespace, spec),
+        config_map(name, namespace, spec, wait),
+        picker_deployment(name, namespace, spec, wait),
         picker_service(name, namespace),
         inference_pool(name, namespace, routing),
     ]
     if spec.monitoring.service_monitor.enabled:
         children.append(picker_service_monitor(name, namespace, spec.monitoring.service_monitor))
     if routing.gateway is not None:
-        children.append(http_route(name, namespace, routing))
+        children.append(http_route(name, namespace, routing, wait))
     return children
 
 
@@ -101,11 +107,12 @@ def inference_pool(name: str, namespace: str, routing: RoutingSpec) -> dict[str,
     }
 
 
-def picker_config(spec: InferenceServiceSpec) -> dict[str, Any]:
+def picker_config(spec: InferenceServiceSpec, wait_seconds: int) -> dict[str, Any]:
     """The picker's EndpointPickerConfig: GIE's default scorers (queue depth, KV-cache usage, prefix-cache
     affinity, weighted as its chart does), with spec.lora also LoRA affinity (a replica that already has the
     request's adapter loaded, from the runtime's vllm:lora_requests_info), and flow control, which holds
-    requests while the pool is saturated or has no ready replica, for at most queueTimeoutSeconds."""
+    requests while the pool is saturated or has no ready replica, for at most `wait_seconds` (the waiting
+    room; then 503)."""
     assert spec.routing is not None
     scorers = [("queue-scorer", 2), ("kv-cache-utilization-scorer", 2), ("prefix-cache-scorer", 3)]
     if spec.lora is not None:
@@ -125,20 +132,20 @@ def picker_config(spec: InferenceServiceSpec) -> dict[str, Any]:
                 "plugins": [{"pluginRef": scorer, "weight": weight} for scorer, weight in scorers],
             }
         ],
-        "flowControl": {"defaultRequestTTL": f"{spec.routing.endpoint_picker.queue_timeout_seconds}s"},
+        "flowControl": {"defaultRequestTTL": f"{wait_seconds}s"},
     }
 
 
-def render_config(spec: InferenceServiceSpec) -> str:
-    return yaml.safe_dump(picker_config(spec), sort_keys=False)
+def render_config(spec: InferenceServiceSpec, wait_seconds: int) -> str:
+    return yaml.safe_dump(picker_config(spec, wait_seconds), sort_keys=False)
 
 
-def config_map(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+def config_map(name: str, namespace: str, spec: InferenceServiceSpec, wait_seconds: int) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": picker_metadata(name, namespace),
-        "data": {CONFIG_FILE: render_config(spec)},
+        "data": {CONFIG_FILE: render_config(spec, wait_seconds)},
     }
 
 
@@ -169,7 +176,9 @@ def picker_args(name: str, namespace: str) -> list[str]:
     ]
 
 
-def picker_deployment(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+def picker_deployment(
+    name: str, namespace: str, spec: InferenceServiceSpec, wait_seconds: int
+) -> dict[str, Any]:
     assert spec.routing is not None
     picker = spec.routing.endpoint_picker
     memory = canonical(picker.memory)
@@ -201,7 +210,7 @@ def picker_deployment(name: str, namespace: str, spec: InferenceServiceSpec) -> 
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}],
     }
     # The picker reads its config once at start: a changed config rolls the picker.
-    config_hash = content_hash(render_config(spec))
+    config_hash = content_hash(render_config(spec, wait_seconds))
     template = {
         "metadata": {
             "labels": {**picker_selector(name), "app.kubernetes.io/instance": name},
@@ -303,17 +312,19 @@ def role_binding(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-def http_route(name: str, namespace: str, routing: RoutingSpec) -> dict[str, Any]:
-    """Attach the pool to the user's Gateway: every path of the listener (or of `hostnames`)."""
+def http_route(name: str, namespace: str, routing: RoutingSpec, wait_seconds: int) -> dict[str, Any]:
+    """Attach the pool to the user's Gateway: every path of the listener (or of `hostnames`), with a request
+    timeout that outlasts the picker's waiting room (`wait_seconds`) unless the spec sets one."""
     gateway = routing.gateway
     assert gateway is not None
+    request_timeout = gateway.request_timeout_seconds or wait_seconds + RESPONSE_ALLOWANCE_SECONDS
     parent: dict[str, Any] = {"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": gateway.name}
     if gateway.namespace:
         parent["namespace"] = gateway.namespace
     rule = {
         "matches": [{"path": {"type": "PathPrefix", "value": "/"}}],
         "backendRefs": [{"group": POOL_GROUP, "kind": "InferencePool", "name": name}],
-        "timeouts": {"request": f"{gateway.request_timeout_seconds}s"},
+        "timeouts": {"request": f"{request_timeout}s"},
     }
     body: dict[str, Any] = {"parentRefs": [parent], "rules": [rule]}
     if gateway.hostnames:

@@ -10,9 +10,14 @@ import pytest
 import yaml
 
 from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.api.routing import (
+    DEFAULT_QUEUE_TIMEOUT_SECONDS,
+    RESPONSE_ALLOWANCE_SECONDS,
+    waiting_room_seconds,
+)
 from pagoda.operator.reconcile.kube import KubeError
 from pagoda.operator.reconcile.problems import apply_problem
-from pagoda.operator.reconcile.status import ready_condition
+from pagoda.operator.reconcile.status import ready_condition, scale_from_zero_wait
 from pagoda.operator.resources import desired_children, labels, selector
 from pagoda.operator.resources.routing import CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ANNOTATION, QUEUE_METRIC
 from pagoda.runtime.contract import HTTP_PORT
@@ -155,11 +160,54 @@ def test_http_route_points_the_gateway_at_the_pool() -> None:
     ]
 
 
-@pytest.mark.parametrize(("routed", "ready"), [(True, True), (False, False)])
-def test_zero_replicas_are_ready_only_when_routed(routed: bool, ready: bool) -> None:
+@pytest.mark.parametrize(("waiting_room", "ready"), [(300, True), (None, False)])
+def test_zero_replicas_are_ready_only_when_a_request_wakes_the_service(
+    waiting_room: int | None, ready: bool
+) -> None:
     deployment = {"spec": {"replicas": 0}, "status": {}}
-    condition = ready_condition(deployment, [], None, routed=routed)
+    condition = ready_condition(deployment, [], None, waiting_room=waiting_room)
     assert condition.reason == "ScaledToZero" and condition.status is ready
+    assert ("up to 300 s" in condition.message) is ready
+
+
+def owner(spec: dict[str, Any], typical: float | None = None) -> dict[str, Any]:
+    status = {"startup": {"typical": {"seconds": typical}}} if typical is not None else {}
+    return {"spec": spec, "status": status}
+
+
+def test_only_an_autoscaled_routed_service_waits_for_a_replica_at_zero() -> None:
+    unset = {**BASE, "routing": {}}
+    assert scale_from_zero_wait(owner(BASE)) == 240  # the spec's queueTimeoutSeconds
+    assert scale_from_zero_wait(owner(unset)) == DEFAULT_QUEUE_TIMEOUT_SECONDS
+    assert scale_from_zero_wait(owner(unset, typical=400.0)) == 840  # 2 x 400 s in whole minutes
+    fixed = {key: value for key, value in BASE.items() if key != "autoscaling"} | {"replicas": 0}
+    assert scale_from_zero_wait(owner(fixed)) is None  # nothing starts a replica
+    plain = {key: value for key, value in BASE.items() if key != "routing"}
+    assert scale_from_zero_wait(owner(plain)) is None
+
+
+@pytest.mark.parametrize(
+    ("typical", "wait"),
+    [(None, 300), (20.0, 300), (150.0, 300), (151.0, 360), (400.0, 840), (1799.0, 3600), (5000.0, 3600)],
+)
+def test_the_waiting_room_follows_the_measured_cold_start(typical: float | None, wait: int) -> None:
+    """Unset, the picker's TTL is twice the typical cold start in whole minutes, within [300, 3600]; the
+    gateway's route outlasts it by the response allowance."""
+    assert waiting_room_seconds(None, typical) == wait
+    assert waiting_room_seconds(45, typical) == 45  # the spec's value wins
+    spec = {**BASE, "routing": {"gateway": {"name": "inference"}}}
+    built = {
+        (child["kind"], child["metadata"]["name"]): child
+        for child in desired_children(
+            "tiny", "ns", InferenceServiceSpec.model_validate(spec), typical_start=typical
+        )
+    }
+    config = yaml.safe_load(built[("ConfigMap", "tiny-epp")]["data"][CONFIG_FILE])
+    assert config["flowControl"]["defaultRequestTTL"] == f"{wait}s"
+    route = built[("HTTPRoute", "tiny")]["spec"]["rules"][0]
+    assert route["timeouts"]["request"] == f"{wait + RESPONSE_ALLOWANCE_SECONDS}s"
+    spec["routing"]["gateway"]["requestTimeoutSeconds"] = 90
+    assert children(spec)[("HTTPRoute", "tiny")]["spec"]["rules"][0]["timeouts"]["request"] == "90s"
 
 
 def test_missing_inference_pool_crd_says_what_to_install() -> None:

@@ -1,0 +1,65 @@
+"""The e2e gateway's Envoy config (e2e/gateway.py): Envoy itself accepts it (`--mode validate`), and the
+round-robin listener that benchmarks/bench_routing.py compares against differs from the picker's only in
+the picking: no ext_proc filter, a ROUND_ROBIN cluster of the given pods, the same route and timeouts."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.gateway import Picker, envoy_binary, envoy_bootstrap
+
+PICKER = Picker(fail_open=False, service_ip="10.96.0.20", pod_ip="10.244.0.9")
+PODS = [("10.244.0.11", 8000), ("10.244.0.12", 8000), ("10.244.0.13", 8000)]
+
+
+def validate(bootstrap: dict[str, Any], tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    config = tmp_path / "envoy.yaml"
+    config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
+    command = [str(envoy_binary()), "--mode", "validate", "-c", str(config), "--log-level", "error"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
+def manager(listener: dict[str, Any]) -> dict[str, Any]:
+    return dict(listener["filter_chains"][0]["filters"][0]["typed_config"])
+
+
+@pytest.mark.parametrize("round_robin", [None, (10002, PODS)], ids=["picker", "picker-and-round-robin"])
+def test_envoy_accepts_the_gateway_config(round_robin: Any, tmp_path: Path) -> None:
+    checked = validate(envoy_bootstrap(10000, 10001, PICKER, round_robin=round_robin), tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_round_robin_listener_differs_only_in_the_picking() -> None:
+    bootstrap = envoy_bootstrap(10000, 10001, PICKER, round_robin=(10002, PODS))
+    gateway, round_robin = bootstrap["static_resources"]["listeners"]
+    filters = [[f["name"] for f in manager(listener)["http_filters"]] for listener in (gateway, round_robin)]
+    assert filters == [
+        ["envoy.filters.http.ext_proc", "envoy.filters.http.router"],
+        ["envoy.filters.http.router"],
+    ]
+    routes = [
+        manager(listener)["route_config"]["virtual_hosts"][0]["routes"][0]
+        for listener in (gateway, round_robin)
+    ]
+    assert [r["route"]["cluster"] for r in routes] == ["original_destination", "round_robin"]
+    assert routes[0]["route"]["timeout"] == routes[1]["route"]["timeout"]
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    pool = clusters["round_robin"]
+    assert pool["lb_policy"] == "ROUND_ROBIN"
+    endpoints = pool["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    assert [(e["endpoint"]["address"]["socket_address"]["address"]) for e in endpoints] == [
+        ip for ip, _ in PODS
+    ]
+    # The same upstream settings as the picker's side (an idle timeout below the runtime's keep-alive).
+    assert (
+        pool["typed_extension_protocol_options"]
+        == clusters["original_destination"]["typed_extension_protocol_options"]
+    )
+    assert "round_robin" not in {
+        c["name"] for c in envoy_bootstrap(10000, 10001, PICKER)["static_resources"]["clusters"]
+    }
