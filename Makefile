@@ -189,7 +189,7 @@ bench-coldstart: venv tools ## Cold start: first start vs a node-cache hit, 1.1 
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/coldstart.py
 
 .PHONY: bench-routing
-bench-routing: venv tools ## Routing benchmark: GIE's endpoint picker vs round-robin on 3 real replicas (docs/benchmarks.md).
+bench-routing: venv tools packages images ## Routing benchmark: GIE's endpoint picker vs round-robin through one Envoy, 3 real replicas (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_routing.py
 
 .PHONY: autoscaling-timeline
