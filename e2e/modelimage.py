@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from e2e.registry import BUILDAH_ROOT
+from pagoda.runtime.startup import folder_bytes
 
 BUILDAH = ["buildah", f"--root={BUILDAH_ROOT / 'root'}", f"--runroot={BUILDAH_ROOT / 'runroot'}"]
 
@@ -36,7 +37,7 @@ def package(folder: Path, reference: str, tls_verify: bool = True) -> str:
     (pin it: oci://registry/repository@sha256:...)."""
     if not (folder / "config.json").is_file():
         raise ValueError(f"{folder} has no config.json: not a model folder")
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    size = folder_bytes(folder)
     container = _buildah("from", "scratch")
     try:
         _buildah("copy", container, f"{folder}/.", "/")

@@ -26,7 +26,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from e2e import realnode
 from e2e.chartenv import ChartOperator
@@ -35,7 +34,7 @@ from e2e.fixtures import tiny_sample
 from e2e.minio import USER, MinioServer
 from e2e.observability import Load
 from e2e.processes import VENV_BIN, wait_until
-from e2e.realpods import ServiceEndpoints, get_json, patch_spec, ready_pods, wait_condition
+from e2e.realpods import ServiceEndpoints, apply, get_json, patch_spec, ready_pods, wait_condition
 from pagoda.operator.api.model import NODE_CACHE_ROOT
 from pagoda.operator.resources.pod import RUN_AS_USER
 
@@ -103,7 +102,7 @@ def serving(cluster: Cluster, operator: ChartOperator, store: tuple[MinioServer,
     }
     sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900
     sample["spec"]["lora"] = {**LIMITS, "adapters": []}
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+    apply(cluster, sample)
     try:
         wait_condition(cluster, namespace, "tiny", "Ready", timeout=600)
         wait_until(

@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 
 from e2e import modelimage
 from e2e.chartenv import ChartOperator
@@ -29,9 +28,10 @@ from e2e.fixtures import tiny_sample
 from e2e.gateway import start_gateway
 from e2e.observability import PrometheusAt, dashboard, panel_queries
 from e2e.processes import VENV_BIN, wait_until
-from e2e.realpods import condition, get_json, isvc, pods
+from e2e.realpods import apply, condition, get_json, isvc, pods
 from e2e.stack import Stack
 from pagoda.operator.resources.scaledobject import picker_queue_query
+from pagoda.runtime.startup import folder_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 NAME = "zero"
@@ -49,8 +49,7 @@ def model_image(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> tuple
     subprocess.run([str(VENV_BIN / "pagoda-runtime"), "make-tiny-model", str(model)], check=True)
     reference = f"{stack.cluster.urls['registry']}/pagoda-models/tiny:e2e"
     digest = modelimage.package(model, reference, tls_verify=False)
-    size = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
-    return f"oci://{modelimage.without_tag(reference)}@{digest}", size
+    return f"oci://{modelimage.without_tag(reference)}@{digest}", folder_bytes(model)
 
 
 def routed_sample(namespace: str, model_uri: str) -> dict[str, Any]:
@@ -141,7 +140,7 @@ def test_ten_requests_wake_a_service_at_zero_and_all_succeed(
 ) -> None:
     cluster = stack.cluster
     model_uri, model_bytes = model_image
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(routed_sample(namespace, model_uri)))
+    apply(cluster, routed_sample(namespace, model_uri))
     # The Deployment is created at zero replicas (minReplicas 0: no engine starts only to be removed).
     wait_until(
         lambda: at_zero(stack, namespace), "the service at zero replicas, Ready ScaledToZero", 300, 1.0
@@ -236,7 +235,7 @@ def test_a_burst_that_outlasts_the_waiting_room_gets_503s_that_say_why_and_never
     sample = tiny_sample(namespace, CLOSED, real_pods=True)
     sample["spec"]["replicas"] = 0
     sample["spec"]["routing"] = {"endpointPicker": {"queueTimeoutSeconds": SHORT_WAIT_SECONDS, "cpu": "250m"}}
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(sample))
+    apply(cluster, sample)
     try:
         with start_gateway(cluster, CLOSED, namespace) as gateway:
             body = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}

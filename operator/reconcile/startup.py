@@ -92,8 +92,8 @@ def model_cache_status(reports: list[tuple[str, Obj]]) -> Obj | None:
     first. None without a readable report."""
     nodes: dict[str, Obj] = {}
     for node, report in reports:
-        models = []
-        for item in report.get("models") or [] if isinstance(report.get("models"), list) else []:
+        models, listed = [], report.get("models")
+        for item in listed if isinstance(listed, list) else []:
             size = _whole(item.get("bytes")) if isinstance(item, dict) else None
             if size is None or not isinstance(item.get("uri"), str):
                 continue
