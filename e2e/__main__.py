@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from e2e import _procs, realnode
+from e2e import realnode
 from e2e.cluster import (
     DEV_DIR,
     Cluster,
@@ -22,14 +22,14 @@ from e2e.cluster import (
     install_operator,
     start,
 )
-from e2e.processes import free_ports
+from e2e.processes import REPO_ROOT, Launcher, StartError, all_alive, free_ports
 from e2e.stack import start_stack
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     existing = Cluster.load_state(workdir)
-    if existing is not None and _procs.all_alive(existing.pids, existing.bin_dir):
+    if existing is not None and all_alive(existing.pids, existing.bin_dir):
         print(f"The local control plane is already running at {existing.server}.")
         _print_usage(existing, Path(args.kubeconfig))
         return 0
@@ -67,19 +67,17 @@ def _cmd_up(args: argparse.Namespace) -> int:
 
 def start_operator(cluster: Cluster, timeout: float = 60.0) -> None:
     """Without a real node: installs the InferenceService CRD and runs `pagoda-operator` as a process."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(_procs.REPO_ROOT / "crds"))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
     )
-    launcher = _procs.Launcher(cluster.bin_dir, cluster.workdir / "logs", detach=True)
+    launcher = Launcher(cluster.bin_dir, cluster.workdir / "logs", detach=True)
     (port,) = free_ports(1)
     args = [f"--kubeconfig={cluster.kubeconfig}", "--metrics-host=127.0.0.1", f"--metrics-port={port}"]
     cluster.pids["pagoda-operator"] = launcher.launch("pagoda-operator", args)
     cluster.urls["pagoda-operator"] = f"http://127.0.0.1:{port}/metrics"
     cluster.save_state()
-    _procs.wait_http(
-        launcher, "pagoda-operator", f"http://127.0.0.1:{port}/healthz", time.monotonic() + timeout
-    )
+    launcher.wait_http("pagoda-operator", f"http://127.0.0.1:{port}/healthz", time.monotonic() + timeout)
 
 
 def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
@@ -126,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return _cmd_up(args) if args.command == "up" else _cmd_down(args)
-    except (ToolsMissingError, _procs.StartError) as exc:
+    except (ToolsMissingError, StartError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

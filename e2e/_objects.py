@@ -10,11 +10,12 @@ from typing import Any
 
 import yaml
 
-from e2e._procs import FAKE_NODE_ANNOTATION, Launcher
-from e2e.processes import wait_until
+from e2e.processes import Launcher, wait_until
 from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
 GPU_RESOURCE = "nvidia.com/gpu"
+# kwok manages the nodes that carry it (--manage-nodes-with-annotation-selector).
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node=fake"
 
 
 def request(api: Any, method: str, path: str, body: Any = None) -> tuple[int, Any]:

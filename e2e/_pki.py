@@ -3,7 +3,8 @@ admin client certificate (group system:masters), the API server's client certifi
 service-account signing key pair, and the aggregation layer's front-proxy CA and client certificate (the
 API server's identity when it proxies to an extension API server such as KEDA's metrics adapter).
 `issue_leaf` signs more leaves with the cluster CA (a real node's kubelet and kube-proxy, e2e/realnode.py).
-Also `write_tls_dir`, a CA and one leaf for an add-on's own TLS."""
+`write_kubeconfig` writes a kubeconfig with one of these client certificates. Also `write_tls_dir`, a CA and
+one leaf for an add-on's own TLS."""
 
 from __future__ import annotations
 
@@ -215,6 +216,36 @@ def issue_leaf(
     leaf = _issue(_name(common_name, org), leaf_key, _name(CA_NAME), ca_key, usages=usages, sans=sans)
     cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
     _write_key(key, leaf_key)
+
+
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    pki: Pki,
+    user: str = "pagoda-admin",
+    cert: Path | None = None,
+    key: Path | None = None,
+) -> None:
+    """A kubeconfig for `server` with a client certificate: the admin's, or `cert`/`key` as `user`."""
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: pagoda-local
+  cluster:
+    server: {server}
+    certificate-authority: {pki.ca_cert}
+users:
+- name: {user}
+  user:
+    client-certificate: {cert or pki.admin_cert}
+    client-key: {key or pki.admin_key}
+contexts:
+- name: pagoda-local
+  context: {{cluster: pagoda-local, user: {user}}}
+current-context: pagoda-local
+"""
+    )
 
 
 def write_tls_dir(directory: Path, common_name: str, dns_names: list[str], ips: list[str]) -> TlsDir:

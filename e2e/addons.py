@@ -23,13 +23,10 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import ssl
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -38,10 +35,17 @@ from typing import TYPE_CHECKING, Any, Self
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from e2e import _procs, clusterdns
 from e2e._objects import request
 from e2e._pki import TlsDir, write_tls_dir
-from e2e.processes import ManagedProcess, free_ports, http_ok, wait_until
+from e2e.processes import (
+    REPO_ROOT,
+    ComponentProcess,
+    StartError,
+    free_ports,
+    http_ok,
+    listens,
+    wait_while_running,
+)
 from e2e.realnode import NodePaths
 
 if TYPE_CHECKING:  # not at run time: e2e.cluster may import this module to start the add-ons
@@ -70,10 +74,10 @@ START_TIMEOUT = 120.0
 GRPC_CONNECTED = "Connection to KEDA Metrics Service gRPC server has been successfully established"
 # The chart's custom-resource-state config (spec.cost and the GPU count of each InferenceService), the very
 # file users hand to their kube-state-metrics.
-KSM_CUSTOM_RESOURCE_STATE = _procs.REPO_ROOT / "charts/pagoda/files/kube-state-metrics/inferenceservice.yaml"
+KSM_CUSTOM_RESOURCE_STATE = REPO_ROOT / "charts/pagoda/files/kube-state-metrics/inferenceservice.yaml"
 
 
-class AddonsMissingError(_procs.StartError):
+class AddonsMissingError(StartError):
     """The add-ons' binaries or CRDs are not in the cluster's bin_dir."""
 
 
@@ -91,89 +95,14 @@ def check_addon_files(bin_dir: Path) -> None:
         )
 
 
-class AddonProcess(ManagedProcess):
-    """One binary from bin_dir as a child process in a session of its own, its output in LOG_DIR/NAME.log.
-    Unless `detach`, it gets SIGKILL when the process that started it exits, however that exits."""
-
-    STOP_GRACE = _procs.STOP_GRACE
-
-    def __init__(self, name: str, bin_dir: Path, log_dir: Path, *, detach: bool) -> None:
-        super().__init__(log_dir / f"{name}.log", name)
-        self.exe = bin_dir / name
-        self.detach = detach
-
-    def start(
-        self, args: list[str], env: dict[str, str] | None = None, *, resolv_conf: Path | None = None
-    ) -> int:
-        """`resolv_conf`: the cluster DNS's, for a process that stands in for a pod
-        (clusterdns.in_cluster_dns)."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [str(self.exe), *args]
-        if resolv_conf is not None:
-            argv = clusterdns.in_cluster_dns(argv, resolv_conf)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=None if self.detach else _procs._die_with_parent,
-            )
-        return self.proc.pid
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.proc is None else self.proc.pid
-
-    def check_alive(self) -> None:
-        """Fails at once, with the end of its log, when the process has exited."""
-        if self.proc is None or self.proc.poll() is not None:
-            rc = None if self.proc is None else self.proc.returncode
-            raise _procs.StartError(f"{self.name} exited (code {rc}); {self.log_path}:\n{self.excerpt()}")
-
-    def excerpt(self) -> str:
-        """The log's first and last lines (a flag error comes first, before the usage text)."""
-        lines = self.log().splitlines()
-        return "\n".join(lines if len(lines) <= 40 else [*lines[:5], "...", *lines[-30:]])
-
-
-def _pids(*procs: AddonProcess) -> dict[str, int]:
+def _pids(*procs: ComponentProcess) -> dict[str, int]:
     return {p.name: p.pid for p in procs if p.pid is not None}
-
-
-def _wait(probe: Callable[[], bool], what: str, procs: list[AddonProcess], deadline: float) -> None:
-    """`processes.wait_until` until `deadline` (monotonic), failing at once, with its log, when one of
-    `procs` exits."""
-
-    def alive() -> None:
-        for proc in procs:
-            proc.check_alive()
-
-    wait_until(
-        probe,
-        what,
-        timeout=deadline - time.monotonic(),
-        interval=_procs.POLL,
-        alive=alive,
-        tail=lambda: "".join(f"\n{p.log_path}:\n{p.excerpt()}" for p in procs),
-        error=_procs.StartError,
-    )
-
-
-def _listens(port: int, host: str = "127.0.0.1") -> bool:
-    try:
-        socket.create_connection((host, port), timeout=1).close()
-        return True
-    except OSError:
-        return False
 
 
 def _kubectl(cluster: Cluster, *args: str, input: str | None = None) -> str:
     proc = cluster.kubectl(*args, check=False, input=input, timeout=120)
     if proc.returncode != 0:
-        raise _procs.StartError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        raise StartError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
     return proc.stdout
 
 
@@ -190,8 +119,8 @@ class Keda:
     """KEDA's operator and metrics adapter, running. Ports are on 127.0.0.1 except `adapter_metrics_port`
     (KEDA's adapter binds its own /metrics on all interfaces; it has no flag for the host)."""
 
-    operator: AddonProcess
-    adapter: AddonProcess
+    operator: ComponentProcess
+    adapter: ComponentProcess
     tls: TlsDir
     grpc_port: int  # operator's metrics service (gRPC, mutual TLS), dialled by the adapter
     operator_metrics_port: int
@@ -339,8 +268,8 @@ def start_keda(
     log_dir = log_dir or cluster.workdir / "logs"
     grpc, operator_metrics, health, adapter, adapter_metrics = free_ports(5)
     keda = Keda(
-        operator=AddonProcess("keda-operator", cluster.bin_dir, log_dir, detach=detach),
-        adapter=AddonProcess("keda-adapter", cluster.bin_dir, log_dir, detach=detach),
+        operator=ComponentProcess("keda-operator", cluster.bin_dir, log_dir, detach=detach),
+        adapter=ComponentProcess("keda-adapter", cluster.bin_dir, log_dir, detach=detach),
         tls=write_keda_certs(cluster.workdir / "addons" / "keda-certs"),
         grpc_port=grpc,
         operator_metrics_port=operator_metrics,
@@ -358,14 +287,18 @@ def start_keda(
         resolv_conf = None if cluster.node is None else NodePaths.under(cluster.workdir).resolv_conf
         keda.operator.start(_operator_args(keda, cluster.kubeconfig), env=keda_env(), resolv_conf=resolv_conf)
         operator_ready = f"http://127.0.0.1:{health}/readyz"
-        _wait(lambda: http_ok(operator_ready), "keda-operator's /readyz", procs[:1], deadline)
-        _wait(lambda: _listens(grpc), "keda-operator's gRPC port", procs[:1], deadline)
+        wait_while_running(lambda: http_ok(operator_ready), "keda-operator's /readyz", procs[:1], deadline)
+        wait_while_running(lambda: listens(grpc), "keda-operator's gRPC port", procs[:1], deadline)
         keda.adapter.start(_adapter_args(keda, cluster.kubeconfig), env=keda_env())
         adapter_tls = ssl.create_default_context(cafile=str(keda.tls.ca_cert))
         adapter_ready = f"{keda.adapter_url}/readyz"
-        _wait(lambda: http_ok(adapter_ready, context=adapter_tls), "keda-adapter's /readyz", procs, deadline)
+        wait_while_running(
+            lambda: http_ok(adapter_ready, context=adapter_tls), "keda-adapter's /readyz", procs, deadline
+        )
         # Its only sign that the mutual TLS with the operator works is this line of its log.
-        _wait(lambda: GRPC_CONNECTED in keda.adapter.log(), "keda-adapter's gRPC connection", procs, deadline)
+        wait_while_running(
+            lambda: GRPC_CONNECTED in keda.adapter.log(), "keda-adapter's gRPC connection", procs, deadline
+        )
 
         apply_objects(cluster, external_metrics_objects(adapter, keda.tls.ca_cert))
         last: dict[str, str] = {}
@@ -376,9 +309,11 @@ def start_keda(
             return last.get("status") == "True"
 
         try:
-            _wait(available, f"APIService {EXTERNAL_METRICS_APISERVICE} to be Available", procs, deadline)
-        except _procs.StartError as exc:
-            raise _procs.StartError(f"{exc}\nIts Available condition: {json.dumps(last)}") from None
+            wait_while_running(
+                available, f"APIService {EXTERNAL_METRICS_APISERVICE} to be Available", procs, deadline
+            )
+        except StartError as exc:
+            raise StartError(f"{exc}\nIts Available condition: {json.dumps(last)}") from None
     except BaseException:
         keda.stop()
         raise
@@ -390,7 +325,7 @@ def start_keda(
 # --- kube-state-metrics -------------------------------------------------------------------------------
 
 
-class KubeStateMetrics(AddonProcess):
+class KubeStateMetrics(ComponentProcess):
     """kube-state-metrics on loopback: object metrics at `metrics_url` (the built-in ones, and the
     InferenceServices' from the chart's custom-resource-state config), its own at `telemetry_url`."""
 
@@ -421,8 +356,8 @@ class KubeStateMetrics(AddonProcess):
     def wait_ready(self, deadline: float) -> None:
         """Both servers answer (/readyz: its own registry has metrics)."""
         healthz, readyz = f"{self.url}/healthz", f"{self.telemetry_url}/readyz"
-        _wait(lambda: http_ok(healthz), "kube-state-metrics' /healthz", [self], deadline)
-        _wait(lambda: http_ok(readyz), "kube-state-metrics' /readyz", [self], deadline)
+        wait_while_running(lambda: http_ok(healthz), "kube-state-metrics' /healthz", [self], deadline)
+        wait_while_running(lambda: http_ok(readyz), "kube-state-metrics' /readyz", [self], deadline)
 
     def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
         """The current samples of metric `name`: (labels, value) pairs."""

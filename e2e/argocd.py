@@ -30,16 +30,15 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from e2e import _procs
-from e2e.addons import APPLY, AddonProcess, _kubectl, _listens, _wait, install_crds
-from e2e.processes import free_ports
+from e2e.addons import APPLY, _kubectl, install_crds
+from e2e.processes import REPO_ROOT, ComponentProcess, StartError, free_ports, listens, wait_while_running
 
 if TYPE_CHECKING:
     from e2e.cluster import Cluster
 
 NAMESPACE = "argocd"
 ARGOCD_CRD_FILES = ("argoproj.io_applications.yaml", "argoproj.io_appprojects.yaml")
-EXAMPLES = _procs.REPO_ROOT / "examples" / "argocd"
+EXAMPLES = REPO_ROOT / "examples" / "argocd"
 START_TIMEOUT = 120.0
 # How often the controller compares every Application with Git and the cluster without being told to (its
 # --app-resync, timeout.reconciliation in an installation; 120 s by default there). Short so that a test can
@@ -48,7 +47,7 @@ RESYNC_SECONDS = 10
 PART_OF = {"app.kubernetes.io/part-of": "argocd"}
 
 
-class ArgoCDMissingError(_procs.StartError):
+class ArgoCDMissingError(StartError):
     """The argocd binary, its CRDs or redis-server are missing."""
 
 
@@ -168,9 +167,9 @@ class GitRepo:
 @dataclass
 class ArgoCD:
     cluster: Cluster
-    redis: AddonProcess
-    repo_server: AddonProcess
-    controller: AddonProcess
+    redis: ComponentProcess
+    repo_server: ComponentProcess
+    controller: ComponentProcess
     redis_port: int
     repo_server_port: int
     repo_server_metrics_port: int
@@ -250,9 +249,9 @@ def start_argocd(cluster: Cluster, workdir: Path, *, timeout: float = START_TIME
     deadline = time.monotonic() + timeout
     log_dir = workdir / "logs"
     redis_port, repo_port, repo_metrics, controller_metrics = free_ports(4)
-    redis = AddonProcess("redis-server", redis_exe.parent, log_dir, detach=False)
-    repo_server = AddonProcess("argocd-repo-server", cluster.bin_dir, log_dir, detach=False)
-    controller = AddonProcess("argocd-application-controller", cluster.bin_dir, log_dir, detach=False)
+    redis = ComponentProcess("redis-server", redis_exe.parent, log_dir, detach=False)
+    repo_server = ComponentProcess("argocd-repo-server", cluster.bin_dir, log_dir, detach=False)
+    controller = ComponentProcess("argocd-application-controller", cluster.bin_dir, log_dir, detach=False)
     repo_server.exe = controller.exe = cluster.bin_dir / "argocd"
     argocd = ArgoCD(
         cluster, redis, repo_server, controller, redis_port, repo_port, repo_metrics, controller_metrics
@@ -287,7 +286,7 @@ def start_argocd(cluster: Cluster, workdir: Path, *, timeout: float = START_TIME
                 str(workdir / "redis"),
             ],
         )
-        _wait(lambda: _listens(redis_port), "redis-server's port", [redis], deadline)
+        wait_while_running(lambda: listens(redis_port), "redis-server's port", [redis], deadline)
         redis_addr = f"127.0.0.1:{redis_port}"
         repo_server.start(
             [
@@ -303,7 +302,9 @@ def start_argocd(cluster: Cluster, workdir: Path, *, timeout: float = START_TIME
             ],
             env=_env(cluster, workdir, "argocd-repo-server"),
         )
-        _wait(lambda: _listens(repo_port), "argocd-repo-server's port", [redis, repo_server], deadline)
+        wait_while_running(
+            lambda: listens(repo_port), "argocd-repo-server's port", [redis, repo_server], deadline
+        )
         controller.start(
             [
                 "application-controller",
@@ -324,8 +325,8 @@ def start_argocd(cluster: Cluster, workdir: Path, *, timeout: float = START_TIME
             ],
             env=_env(cluster, workdir, "argocd-application-controller"),
         )
-        _wait(
-            lambda: _listens(controller_metrics),
+        wait_while_running(
+            lambda: listens(controller_metrics),
             "argocd-application-controller's metrics port",
             [redis, repo_server, controller],
             deadline,

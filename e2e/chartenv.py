@@ -12,9 +12,8 @@ from typing import Any
 
 import yaml
 
-from e2e._procs import REPO_ROOT
 from e2e.cluster import Cluster
-from e2e.processes import OperatorMetrics, http_ok, wait_until
+from e2e.processes import REPO_ROOT, OperatorMetrics, http_ok, wait_until
 
 CHART = REPO_ROOT / "charts" / "pagoda"
 CRD_NAME = "inferenceservices.pagoda.dev"

@@ -24,11 +24,19 @@ from typing import Any
 
 import yaml
 
-from e2e import _objects, _procs, images, podnet, realnode, registry
-from e2e._pki import write_pki
-from e2e.processes import free_ports, http_ok, terminate
+from e2e import _objects, images, podnet, realnode, registry
+from e2e._pki import FRONT_PROXY_CLIENT, Pki, write_kubeconfig, write_pki
+from e2e.processes import (
+    REPO_ROOT,
+    ComponentProcess,
+    Launcher,
+    StartError,
+    free_ports,
+    http_ok,
+    program,
+    terminate,
+)
 
-REPO_ROOT = _procs.REPO_ROOT
 DEV_DIR = REPO_ROOT / ".pagoda-dev"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok", "helm")
@@ -89,7 +97,7 @@ class Cluster:
     pids: dict[str, int] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)  # the add-ons' endpoints, for people
     node: realnode.NodeNetwork | None = None  # the real node's network, when this cluster has one
-    _launcher: _procs.Launcher | None = field(default=None, repr=False, compare=False)
+    _launcher: Launcher | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path, bin_dir: Path | None = None) -> Cluster:
@@ -161,9 +169,9 @@ class Cluster:
         kwok = self.pids.get("kwok")
         for name in reversed(list(self.pids)):
             if name in own:
-                terminate(own[name], _procs.STOP_GRACE)
-            else:
-                _procs.terminate(self.pids[name], _procs.program(self.bin_dir, name))
+                own[name].stop()
+            else:  # started by an earlier `python -m e2e up`
+                terminate(self.pids[name], ComponentProcess.STOP_GRACE, program(self.bin_dir, name))
         self.pids.clear()
         if self.node is not None:
             realnode.teardown(self.node, self.bin_dir)
@@ -198,7 +206,109 @@ class Cluster:
         )
 
 
-def start_registry(cluster: Cluster, launcher: _procs.Launcher, timeout: float = 30.0) -> str:
+def component_args(
+    workdir: Path,
+    bin_dir: Path,
+    pki: Pki,
+    kubeconfig: Path,
+    etcd_port: int,
+    peer_port: int,
+    api_port: int,
+    kcm_port: int,
+    sched_port: int,
+    api_address: str = "127.0.0.1",
+) -> dict[str, list[str]]:
+    """Command-line arguments of each component, in start order. `api_address`: where kube-apiserver
+    serves; loopback, or a real node's bridge address, where that node's pods reach it through the
+    `kubernetes` Service (e2e/realnode.py)."""
+    # Endpoints may not carry a loopback address: then the `kubernetes` Service gets none.
+    reconciler = ["--endpoint-reconciler-type=none"] if api_address == "127.0.0.1" else []
+    peer = f"http://127.0.0.1:{peer_port}"
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    delegated = [f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}"]
+    delegated += [
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+    ]
+    return {
+        "etcd": [
+            "--name=pagoda",
+            f"--data-dir={workdir / 'etcd'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=pagoda={peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ],
+        "kube-apiserver": [
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={api_address}",
+            f"--advertise-address={api_address}",
+            f"--secure-port={api_port}",
+            f"--cert-dir={workdir / 'kube-apiserver'}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={podnet.SERVICE_CIDR}",
+            *reconciler,
+            # Towards kubelets (logs, exec, port-forward): a client certificate, and theirs checked.
+            f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+            f"--kubelet-client-key={pki.kubelet_client_key}",
+            f"--kubelet-certificate-authority={pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--allow-privileged=true",
+            "--profiling=false",
+            # The aggregation layer (APIService objects, e.g. KEDA's external metrics): the API server proxies
+            # as the front-proxy client and passes the user on in these headers, which extension API servers
+            # trust from that certificate only. Aggregator routing off (the default): the API server dials
+            # the Service, not its endpoints, so an ExternalName Service can name an add-on on loopback
+            # (e2e/addons.py).
+            f"--requestheader-client-ca-file={pki.front_proxy_ca_cert}",
+            f"--requestheader-allowed-names={FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-uid-headers=X-Remote-Uid",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={pki.front_proxy_client_cert}",
+            f"--proxy-client-key-file={pki.front_proxy_client_key}",
+            "--enable-aggregator-routing=false",
+        ],
+        "kube-controller-manager": [
+            *delegated,
+            f"--secure-port={kcm_port}",
+            f"--cert-dir={workdir / 'kube-controller-manager'}",
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca_cert}",
+            f"--service-cluster-ip-range={podnet.SERVICE_CIDR}",
+            "--profiling=false",
+            # HPAs (KEDA's ScaledObjects make them) are evaluated every 5s instead of 15s.
+            "--horizontal-pod-autoscaler-sync-period=5s",
+        ],
+        "kube-scheduler": [
+            *delegated,
+            f"--secure-port={sched_port}",
+            f"--cert-dir={workdir / 'kube-scheduler'}",
+            "--profiling=false",
+        ],
+        "kwok": [
+            f"--kubeconfig={kubeconfig}",
+            f"--config={bin_dir / 'kwok-stages.yaml'}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={_objects.FAKE_NODE_ANNOTATION}",
+            f"--cidr={podnet.FAKE_POD_CIDR}",
+            "--node-lease-duration-seconds=40",
+        ],
+    }
+
+
+def start_registry(cluster: Cluster, launcher: Launcher, timeout: float = 30.0) -> str:
     """Runs the local registry (e2e/registry.py) and pushes `make images`' images and the chart; returns
     host:port."""
     port = registry.choose_port()
@@ -218,7 +328,7 @@ def start_registry(cluster: Cluster, launcher: _procs.Launcher, timeout: float =
 
 def start_real_node(
     cluster: Cluster,
-    launcher: _procs.Launcher,
+    launcher: Launcher,
     network: realnode.NodeNetwork,
     pki: Any,
     timeout: float = 120.0,
@@ -258,14 +368,14 @@ def start(
     etcd_port, peer_port, api_port, kcm_port, sched_port = free_ports(5)
     server = f"https://{api_address}:{api_port}"
     kubeconfig = workdir / "admin.kubeconfig"
-    _procs.write_kubeconfig(kubeconfig, server, pki)
-    launcher = _procs.Launcher(bin_dir, workdir / "logs", detach=detach)
+    write_kubeconfig(kubeconfig, server, pki)
+    launcher = Launcher(bin_dir, workdir / "logs", detach=detach)
     cluster = Cluster(
         workdir, bin_dir, kubeconfig, server, _launcher=None if detach else launcher, node=network
     )
     deadline = time.monotonic() + timeout
     try:
-        for name, args in _procs.component_args(
+        for name, args in component_args(
             workdir,
             bin_dir,
             pki,
@@ -282,17 +392,15 @@ def start(
             if name == "kwok":  # its fake pods' addresses must end on this host
                 podnet.guard_pod_range(cluster.pids[name])
             if name == "kube-apiserver":  # the controllers exit when their first call is refused
-                _procs.wait_http(launcher, "kube-apiserver", f"{server}/readyz", deadline, pki=pki)
+                launcher.wait_http("kube-apiserver", f"{server}/readyz", deadline, pki=pki)
         api = cluster.api_client()
         try:
             crds = _objects.create_crds(api, bin_dir / "crds", CRD_FILES)
             for i, node in enumerate(GPU_NODES):
                 ip = f"10.254.0.{i + 1}"
                 _objects.create_fake_gpu_node(api, node, GPU_PRODUCT, ip, tainted=real_node)
-            _procs.wait_http(
-                launcher, "kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", deadline
-            )
-            _procs.wait_http(launcher, "kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", deadline)
+            launcher.wait_http("kube-controller-manager", f"https://127.0.0.1:{kcm_port}/healthz", deadline)
+            launcher.wait_http("kube-scheduler", f"https://127.0.0.1:{sched_port}/healthz", deadline)
             _objects.wait_crds_established(launcher, api, crds, deadline)
             _objects.wait_nodes_ready(launcher, api, GPU_NODES, deadline)
             _objects.wait_service_account(launcher, api, "default", deadline)
@@ -333,7 +441,7 @@ def install_operator(
     ]
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout + 30)
     if proc.returncode != 0:
-        raise _procs.StartError(f"helm install {release} failed:\n{proc.stdout}{proc.stderr}")
+        raise StartError(f"helm install {release} failed:\n{proc.stdout}{proc.stderr}")
     cluster.urls["helm release"] = f"{namespace}/{release} (operator.runtimeImage: CPU)"
 
 

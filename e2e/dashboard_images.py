@@ -24,7 +24,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
-from e2e._procs import REPO_ROOT  # noqa: E402
 from e2e.cluster import start_private  # noqa: E402
 from e2e.fixtures import tiny_sample  # noqa: E402
 from e2e.observability import (  # noqa: E402
@@ -35,10 +34,9 @@ from e2e.observability import (  # noqa: E402
     Prometheus,
     Runtime,
 )
-from e2e.processes import VENV_BIN, ManagedProcess, OperatorProcess, wait_until  # noqa: E402
+from e2e.processes import REPO_ROOT, VENV_BIN, ManagedProcess, OperatorProcess, wait_until  # noqa: E402
 
-REPO = REPO_ROOT
-DASHBOARDS = REPO / "charts" / "pagoda" / "files" / "dashboards"
+DASHBOARDS = REPO_ROOT / "charts" / "pagoda" / "files" / "dashboards"
 VARIABLES = {
     "inferenceservice": {"namespace": "ml", "service": "tiny"},
     "operator": {"namespace": "pagoda-system", "service": "pagoda-metrics"},
@@ -127,7 +125,7 @@ def main(argv: list[str]) -> int:
         rules.write_text("groups: []\n")
         prom = Prometheus(work / "prometheus", rule_files=[rules]).start()
         procs.append(prom)
-        cluster.kubectl("apply", "--server-side", "-f", str(REPO / "crds"))
+        cluster.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
         cluster.kubectl(
             "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
         )

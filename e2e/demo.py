@@ -18,12 +18,11 @@ import yaml
 
 from e2e import __main__ as cluster_cli
 from e2e import cluster as control_plane
+from e2e.processes import REPO_ROOT, SAMPLE
 from e2e.realpods import port_forward
 from pagoda.runtime.contract import HTTP_PORT
 
-REPO = control_plane.REPO_ROOT
 DEV = control_plane.DEV_DIR
-SAMPLE = REPO / "examples" / "tiny-cpu.yaml"
 NAMESPACE = yaml.safe_load(SAMPLE.read_text())["metadata"]["namespace"]
 
 
@@ -42,7 +41,7 @@ def start_control_plane() -> control_plane.Cluster:
 
 
 def apply_sample(cluster: control_plane.Cluster) -> str:
-    say(f"Applying {SAMPLE.relative_to(REPO)}")
+    say(f"Applying {SAMPLE.relative_to(REPO_ROOT)}")
     cluster.kubectl("apply", "-f", str(SAMPLE))
     name = cluster.kubectl(
         "get", "-n", NAMESPACE, "-f", str(SAMPLE), "-o", "jsonpath={.metadata.name}"

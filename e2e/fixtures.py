@@ -32,6 +32,7 @@ from e2e.cluster import (
     install_operator,
     start_private,
 )
+from e2e.processes import SAMPLE
 from e2e.stack import Stack, start_stack
 
 
@@ -142,14 +143,11 @@ def namespace(cluster_api: Any, request: pytest.FixtureRequest) -> Iterator[str]
         _objects.request(cluster_api, "DELETE", f"/api/v1/namespaces/{name}")
 
 
-TINY_SAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny-cpu.yaml"
-
-
 def tiny_sample(namespace: str, name: str = "tiny", *, real_pods: bool = False) -> dict[str, Any]:
     """examples/tiny-cpu.yaml in `namespace` as `name`. With `real_pods` it is unchanged, so its pods run on
     the real node (tier 4); otherwise it asks for kwok's simulated nodes (tests of the chart, the dashboards
     and status that need no running engine)."""
-    obj: dict[str, Any] = yaml.safe_load(TINY_SAMPLE.read_text())
+    obj: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
     obj["metadata"] = {"name": name, "namespace": namespace}
     if not real_pods:
         obj["spec"]["scheduling"] = copy.deepcopy(_objects.KWOK_SCHEDULING)

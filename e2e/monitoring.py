@@ -32,9 +32,9 @@ from typing import Any
 
 import yaml
 
-from e2e import _procs
 from e2e._objects import request
 from e2e.observability import SCRAPE_INTERVAL, prometheus_binary
+from e2e.processes import die_with_parent
 from e2e.prometheus_sd import TlsFiles, endpointslice_targets, scrape_configs, with_file_sd
 
 SYNC_SECONDS = 2.0
@@ -131,9 +131,7 @@ def run(kubeconfig: Path, workdir: Path, host: str, port: int, static: dict[str,
         "--log.level=warn",
     ]
     with (workdir / "prometheus.log").open("ab") as log:
-        prometheus = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_procs._die_with_parent
-        )
+        prometheus = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
     signal.signal(signal.SIGTERM, lambda *_: prometheus.terminate())
     print(f"prometheus (pid {prometheus.pid}) on {host}:{port}", flush=True)
     while prometheus.poll() is None:

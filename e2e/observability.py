@@ -21,8 +21,7 @@ from typing import Any
 import httpx
 import yaml
 
-from e2e._procs import REPO_ROOT
-from e2e.processes import VENV_BIN, ManagedProcess, free_port, runtime_env, wait_until
+from e2e.processes import REPO_ROOT, VENV_BIN, ManagedProcess, free_port, runtime_env, wait_until
 
 SCRAPE_INTERVAL = "1s"
 # What Grafana's $__rate_interval becomes for a 1s scrape interval and a short dashboard range.

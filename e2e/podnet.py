@@ -17,6 +17,7 @@ from pathlib import Path
 
 POD_RANGE = ipaddress.ip_network("10.244.0.0/16")
 FAKE_POD_CIDR = "10.244.0.0/17"  # kwok's --cidr: addresses of fake pods, routed nowhere
+SERVICE_CIDR = "10.96.0.0/16"  # the API server's --service-cluster-ip-range
 REAL_SUBNETS = ipaddress.ip_network("10.244.128.0/17")  # a /24 of it per real node
 BRIDGE_PREFIX = "pgk"  # e2e/realnode.py's links
 ROUTE_OWNERS = Path("/run/pagoda-podrange")  # <pid>: a kwok whose fake pods need the `unreachable` route

@@ -1,11 +1,15 @@
-"""Child processes for the tests, the demo and the tools: free loopback ports, polling without fixed sleeps,
-a process with its output in a log file (awaited on an HTTP endpoint, stopped by PID), `pagoda-operator`,
-and the environment of a `pagoda-runtime` subprocess.
+"""Child processes for the tests, the demo, the tools and the local cluster, one way each: free loopback
+ports, polling without fixed sleeps (`wait_until`; `wait_while_running` also fails as soon as a component
+exits), whether a URL answers 200 (`http_ok`), stopping by PID (`terminate`: SIGTERM, then SIGKILL), a
+process with its output in a log file (`ManagedProcess`), a cluster component in a session of its own
+(`ComponentProcess`, started by name by the control plane's `Launcher`), `pagoda-operator`, and the
+environment of a `pagoda-runtime` subprocess. REPO_ROOT is the repository's root for all of e2e.
 
-Used by tests/integration, tests/runtime, e2e and e2e/demo.py, so that there is one way to do each."""
+Used by tests/integration, tests/runtime, benchmarks, e2e and e2e/demo.py."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import signal
@@ -15,20 +19,37 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 import yaml
 
+from e2e import clusterdns
+
+if TYPE_CHECKING:
+    from e2e._pki import Pki
+
 T = TypeVar("T")
+REPO_ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
+SAMPLE = REPO_ROOT / "examples" / "tiny-cpu.yaml"
 SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
+POLL = 0.1  # how often the cluster's waits poll
+# Components that are harness code run by this Python (`python -m MODULE`), not Go binaries in bin_dir.
+PYTHON_COMPONENTS = {
+    "monitoring": "e2e.monitoring",
+    "pagoda-operator": "pagoda.operator.main",  # `make cluster-up` runs the operator too
+}
 
 
 class WaitTimeout(AssertionError):
     """`wait_until` ran out of time."""
+
+
+class StartError(RuntimeError):
+    """A cluster component or add-on exited or did not become ready in time."""
 
 
 def free_ports(count: int) -> list[int]:
@@ -45,6 +66,15 @@ def free_ports(count: int) -> list[int]:
 
 def free_port() -> int:
     return free_ports(1)[0]
+
+
+def listens(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on host:port."""
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def wait_until(
@@ -75,6 +105,33 @@ def wait_until(
         time.sleep(interval)
 
 
+def wait_while_running(
+    probe: Callable[[], object],
+    what: str,
+    procs: Iterable[ComponentProcess],
+    deadline: float,
+    logs: Iterable[ComponentProcess] | None = None,
+) -> None:
+    """`wait_until` `deadline` (monotonic), every POLL seconds, raising StartError: at once, with its log,
+    when one of `procs` exits; on timeout with the logs of `logs` (default: `procs`)."""
+    procs = list(procs)
+    shown = procs if logs is None else list(logs)
+
+    def alive() -> None:
+        for proc in procs:
+            proc.check_alive()
+
+    wait_until(
+        probe,
+        what,
+        timeout=deadline - time.monotonic(),
+        interval=POLL,
+        alive=alive,
+        tail=(lambda: "".join(f"\n{p.log_path}:\n{p.excerpt()}" for p in shown)) if shown else None,
+        error=StartError,
+    )
+
+
 def http_ok(url: str, timeout: float = 2, context: ssl.SSLContext | None = None) -> bool:
     """Whether `url` answers 200 (False while nothing listens, or on any other status); `context` for
     https:// with a private CA or a client certificate."""
@@ -85,20 +142,54 @@ def http_ok(url: str, timeout: float = 2, context: ssl.SSLContext | None = None)
         return False
 
 
-def terminate(proc: subprocess.Popen[bytes], grace: float) -> int:
-    """SIGTERM to a process this one started, then SIGKILL if it has not exited after `grace` seconds;
-    returns its exit code (negative: the signal that ended it)."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+def _runs(pid: int, exe: Path) -> bool:
+    """Whether `pid` runs `exe` (not when it is a zombie or gone)."""
+    try:
+        return os.readlink(f"/proc/{pid}/exe") == str(exe.resolve())
+    except OSError:
+        return False
+
+
+def _ended(pid: int) -> tuple[bool, int | None]:
+    """Whether `pid` has exited, and its exit code if it was this process' child (reaped here)."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not this process' child: its state in /proc
         try:
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-    return proc.returncode
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return True, None
+        return state in ("Z", "X"), None
+    return (True, os.waitstatus_to_exitcode(status)) if done else (False, None)
 
 
-SAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-cpu.yaml"
+def terminate(pid: int, grace: float, exe: Path | None = None) -> int | None:
+    """SIGTERM to `pid`, then SIGKILL if it has not exited after `grace` seconds; returns once it is gone (at
+    most 10 s after the SIGKILL), with its exit code if it was this process' child (negative: the signal
+    that ended it). With `exe`, only if `pid` still runs that executable: a PID recorded by an earlier
+    `python -m e2e up` may have been reused since."""
+    if exe is not None and not _runs(pid, exe):
+        return None
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline, killed = time.monotonic() + grace, False
+        while not (ended := _ended(pid))[0]:
+            if time.monotonic() > deadline:
+                if killed:
+                    raise TimeoutError(f"PID {pid} still runs 10 s after SIGKILL")
+                os.kill(pid, signal.SIGKILL)
+                deadline, killed = time.monotonic() + 10, True
+            time.sleep(POLL / 2)
+    except ProcessLookupError:
+        return None
+    return ended[1]
+
+
+def die_with_parent() -> None:
+    """In the child (a preexec_fn): get SIGKILL when the parent (the test session) exits, however it exits.
+    (Not SIGTERM: kube-apiserver's graceful shutdown can hang once etcd is gone, and the data is thrown away
+    anyway.)"""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def sample_engine_env() -> dict[str, str]:
@@ -135,6 +226,7 @@ class ManagedProcess:
     name = "process"
     STOP_GRACE = 30.0
     LOG_NAME = "process.log"
+    APPEND = False  # whether each launch appends to the log (a restarted component's) or starts it afresh
     port: int  # where it listens on loopback, for those that do
     workdir: Path  # set by the dataclass subclasses, whose log is workdir/LOG_NAME
 
@@ -151,10 +243,18 @@ class ManagedProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def launch(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> None:
+    def launch(self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None) -> int:
+        """Starts `args` with `env` (default: this process') from `cwd`; returns its PID."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        with self.log_path.open("ab" if self.APPEND else "wb") as log:
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, **self.popen_options()
+            )
+        return self.proc.pid
+
+    def popen_options(self) -> dict[str, Any]:
+        """More of subprocess.Popen's arguments, for subclasses."""
+        return {}
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -173,11 +273,14 @@ class ManagedProcess:
         wait_until(lambda: self.answers(url), what, timeout=timeout, interval=interval)
 
     def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM, wait; SIGKILL if it has not exited in time. Returns the exit code (None: not started)."""
+        """SIGTERM, wait; SIGKILL if it has not exited after `timeout` (default: STOP_GRACE) seconds. Returns
+        the exit code (None: not started)."""
         proc, self.proc = self.proc, None
         if proc is None:
             return None
-        return terminate(proc, self.STOP_GRACE if timeout is None else timeout)
+        if proc.poll() is not None:
+            return proc.returncode
+        return terminate(proc.pid, self.STOP_GRACE if timeout is None else timeout)
 
     def kill(self) -> None:
         """SIGKILL, like a crashed or evicted pod: no clean shutdown."""
@@ -193,6 +296,121 @@ class ManagedProcess:
         self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
     ) -> None:
         self.stop()
+
+
+class ComponentProcess(ManagedProcess):
+    """A cluster component or add-on, NAME (a binary in bin_dir, or `python -m MODULE` for the harness's own:
+    PYTHON_COMPONENTS), in a session of its own, stdin from /dev/null, its output appended to
+    LOG_DIR/NAME.log. Unless `detach`, it gets SIGKILL when the process that started it exits, however that
+    exits."""
+
+    STOP_GRACE = 10.0
+    APPEND = True
+
+    def __init__(self, name: str, bin_dir: Path, log_dir: Path, *, detach: bool) -> None:
+        super().__init__(log_dir / f"{name}.log", name)
+        self.exe = program(bin_dir, name)
+        self.detach = detach
+        self.command: tuple[list[str], dict[str, str] | None, Path | None] | None = None  # argv, env, cwd
+
+    def start(
+        self,
+        args: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        cwd: Path | None = None,
+        resolv_conf: Path | None = None,
+    ) -> int:
+        """Starts `exe` with `args`; returns its PID. `resolv_conf`: the cluster DNS's, for a process that
+        stands in for a pod (clusterdns.in_cluster_dns)."""
+        argv = [str(self.exe), *args]
+        if self.name in PYTHON_COMPONENTS:
+            argv[1:1] = ["-m", PYTHON_COMPONENTS[self.name]]
+        if resolv_conf is not None:
+            argv = clusterdns.in_cluster_dns(argv, resolv_conf)
+        self.command = (argv, env, cwd)
+        return self.launch(argv, env, cwd)
+
+    def restart(self) -> int:
+        """Stops it (SIGTERM, SIGKILL after STOP_GRACE) and starts the same command again, as a restarted
+        static pod or systemd unit would be; its log goes on in the same file. Returns the new PID."""
+        assert self.command is not None, "restart() after start()"
+        self.stop()
+        return self.launch(*self.command)
+
+    def popen_options(self) -> dict[str, Any]:
+        return {
+            "stdin": subprocess.DEVNULL,
+            "start_new_session": True,
+            "preexec_fn": None if self.detach else die_with_parent,
+        }
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def check_alive(self) -> None:
+        """Fails at once, with StartError and the log, when the process has exited."""
+        if self.proc is None or self.proc.poll() is not None:
+            rc = None if self.proc is None else self.proc.returncode
+            raise StartError(f"{self.name} exited (code {rc}); {self.log_path}:\n{self.excerpt()}")
+
+    def excerpt(self) -> str:
+        """The log's first and last lines (a flag error comes first, before the usage text)."""
+        lines = self.log().splitlines()
+        return "\n".join(lines if len(lines) <= 40 else [*lines[:5], "...", *lines[-30:]])
+
+
+def program(bin_dir: Path, name: str) -> Path:
+    """The executable of component `name`: a binary in bin_dir, or this Python for the harness's own."""
+    return Path(sys.executable) if name in PYTHON_COMPONENTS else bin_dir / name
+
+
+def all_alive(pids: dict[str, int], bin_dir: Path) -> bool:
+    """Whether every component in `pids` (name -> PID, from a cluster's state file) still runs."""
+    return bool(pids) and all(_runs(pid, program(bin_dir, name)) for name, pid in pids.items())
+
+
+class Launcher:
+    """Starts the control plane's components by name (ComponentProcess, from the repository root) and
+    watches that they stay up."""
+
+    def __init__(self, bin_dir: Path, log_dir: Path, *, detach: bool) -> None:
+        self.bin_dir = bin_dir
+        self.log_dir = log_dir
+        self.detach = detach
+        self.procs: dict[str, ComponentProcess] = {}
+
+    def launch(self, name: str, args: list[str], env: dict[str, str] | None = None) -> int:
+        """Starts component `name` with `args` and `env` (default: this process'); returns its PID."""
+        proc = ComponentProcess(name, self.bin_dir, self.log_dir, detach=self.detach)
+        pid = proc.start(args, env, cwd=REPO_ROOT)
+        self.procs[name] = proc
+        return pid
+
+    def relaunch(self, name: str) -> int:
+        """Restarts component `name` (ComponentProcess.restart); returns the new PID."""
+        return self.procs[name].restart()
+
+    def wait(
+        self, probe: Callable[[], object], what: str, deadline: float, log_of: str | None = None
+    ) -> None:
+        """`wait_while_running` every component, with `log_of`'s log on timeout."""
+        logs = [self.procs[log_of]] if log_of else []
+        wait_while_running(probe, what, self.procs.values(), deadline, logs=logs)
+
+    def wait_http(self, name: str, url: str, deadline: float, pki: Pki | None = None) -> None:
+        """Waits until `url` (component `name`'s /readyz or /healthz) answers 200: verified against the
+        cluster CA with the admin's client certificate when `pki` is given, else unverified (a certificate
+        that the component made for itself)."""
+        if pki is not None:
+            ctx = ssl.create_default_context(cafile=str(pki.ca_cert))
+            ctx.load_cert_chain(str(pki.admin_cert), str(pki.admin_key))
+        else:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        self.wait(lambda: http_ok(url, context=ctx), f"{name} at {url}", deadline, log_of=name)
 
 
 class OperatorMetrics:

@@ -48,8 +48,8 @@ from typing import Any
 
 import yaml
 
-from e2e import _objects, _pki, _procs, clusterdns, podnet
-from e2e.processes import free_ports
+from e2e import _objects, _pki, clusterdns, podnet
+from e2e.processes import Launcher, free_ports
 
 NODE_NAME = "pagoda-kubelet-0"
 # The node is not tainted: kwok's simulated nodes are (e2e/_objects.py KWOK_TAINT) when a real node runs, so a
@@ -57,7 +57,7 @@ NODE_NAME = "pagoda-kubelet-0"
 NODE_LABEL = "pagoda.dev/real-node"
 GPU_CAPACITY = "4"  # the one fake: nvidia.com/gpu as a node-level extended resource
 POD_RANGE = str(podnet.POD_RANGE)
-SERVICE_RANGE = _procs.SERVICE_CIDR
+SERVICE_RANGE = podnet.SERVICE_CIDR
 RUNC = "/usr/sbin/runc"  # Debian's runc
 SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"  # built by `make images`, pulled from the local registry
 RUN_DIR = Path("/run/pagoda-realnode")  # <id>.json: what each node made, for sweep()
@@ -457,7 +457,7 @@ class RealNode:
             server_ips=(network.address,),
         )
         _pki.issue_leaf(pki, root / "kube-proxy.crt", root / "kube-proxy.key", "system:kube-proxy")
-        _procs.write_kubeconfig(
+        _pki.write_kubeconfig(
             root / "kubelet.kubeconfig",
             server,
             pki,
@@ -465,7 +465,7 @@ class RealNode:
             cert=root / "kubelet-client.crt",
             key=root / "kubelet-client.key",
         )
-        _procs.write_kubeconfig(
+        _pki.write_kubeconfig(
             root / "kube-proxy.kubeconfig",
             server,
             pki,
@@ -474,7 +474,7 @@ class RealNode:
             key=root / "kube-proxy.key",
         )
         _pki.issue_leaf(pki, root / "coredns.crt", root / "coredns.key", clusterdns.USER)
-        _procs.write_kubeconfig(
+        _pki.write_kubeconfig(
             root / "coredns.kubeconfig",
             server,
             pki,
@@ -485,7 +485,7 @@ class RealNode:
         _pki.issue_leaf(
             pki, root / "kube-network-policies.crt", root / "kube-network-policies.key", NETPOL_USER
         )
-        _procs.write_kubeconfig(
+        _pki.write_kubeconfig(
             root / "kube-network-policies.kubeconfig",
             server,
             pki,
@@ -548,7 +548,7 @@ class RealNode:
 
 def start(
     cluster: Any,
-    launcher: _procs.Launcher,
+    launcher: Launcher,
     network: NodeNetwork,
     pki: _pki.Pki,
     registry: str,
@@ -578,7 +578,7 @@ def start(
     network.owner_pid = cluster.pids["containerd"]
     network.save()
     for name, url in node.healthz.items():
-        _procs.wait_http(launcher, name, url, deadline)
+        launcher.wait_http(name, url, deadline)
     api = cluster.api_client()
     try:
         _objects.wait_nodes_ready(launcher, api, [node.name], deadline, log_of="kubelet")

@@ -29,13 +29,12 @@ from pathlib import Path
 
 import yaml
 
-from e2e import _procs
-from e2e.processes import free_port
+from e2e.processes import REPO_ROOT, free_port
 
 STORAGE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pagoda" / "registry"
-CHART_DIR = _procs.REPO_ROOT / "charts" / "pagoda"
+CHART_DIR = REPO_ROOT / "charts" / "pagoda"
 CHART_REPOSITORY = "charts"
-IMAGES_INDEX = _procs.REPO_ROOT / ".pagoda-dev" / "images" / "index.json"
+IMAGES_INDEX = REPO_ROOT / ".pagoda-dev" / "images" / "index.json"
 BUILDAH_ROOT = Path.home() / ".cache" / "pagoda" / "buildah"
 # The registry listens here when the port is free (else on any free port, which only costs time): buildah's
 # blob-info cache (/var/lib/containers/cache) records where it pushed each layer by host:port, and reuses a
@@ -234,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     rel.add_argument("--version", required=True, help="the chart's version and appVersion")
     rel.add_argument("--plain-http", action="store_true", help="a registry without TLS (a local one)")
     args = parser.parse_args(argv)
-    helm = Path(os.environ.get("PAGODA_BIN", _procs.REPO_ROOT / ".pagoda-dev" / "bin")) / "helm"
+    helm = Path(os.environ.get("PAGODA_BIN", REPO_ROOT / ".pagoda-dev" / "bin")) / "helm"
     try:
         with tempfile.TemporaryDirectory() as workdir:
             published = release(args.registry, args.version, helm, Path(workdir), args.plain_http)

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from e2e import _procs, images
-from e2e.addons import AddonProcess, Addons, apply_objects, start_addons
+from e2e import images
+from e2e.addons import Addons, apply_objects, start_addons
 from e2e.cluster import Cluster, start_private
-from e2e.processes import OperatorProcess, free_port, http_ok
+from e2e.processes import REPO_ROOT, ComponentProcess, OperatorProcess, free_port, http_ok, wait_while_running
 from pagoda.operator.api.scaling import AutoscalingSpec
 
 MONITORING = "monitoring"
@@ -40,7 +40,7 @@ DEFAULT_PROMETHEUS = urlsplit(AutoscalingSpec.model_fields["prometheus_address"]
 class Stack:
     cluster: Cluster
     addons: Addons
-    monitoring: AddonProcess
+    monitoring: ComponentProcess
     prometheus_host: str
     prometheus_port: int
 
@@ -62,23 +62,20 @@ class Stack:
 
 def start_monitoring(
     cluster: Cluster, *, detach: bool, ksm_address: str, timeout: float
-) -> tuple[AddonProcess, str, int]:
+) -> tuple[ComponentProcess, str, int]:
     """`python -m e2e.monitoring` (Prometheus and its ServiceMonitor sync) against `cluster`; returns it and
     the address Prometheus listens on (the real node's, or loopback without one)."""
     host, port = ("127.0.0.1" if cluster.node is None else cluster.node.address), free_port()
-    process = AddonProcess(MONITORING, cluster.bin_dir, cluster.workdir / "logs", detach=detach)
-    process.exe = _procs.program(cluster.bin_dir, MONITORING)
-    args = ["-m", _procs.PYTHON_COMPONENTS[MONITORING], f"--kubeconfig={cluster.kubeconfig}"]
-    args += [f"--workdir={cluster.workdir / 'prometheus'}", f"--host={host}", f"--port={port}"]
-    args += [f"--static=kube-state-metrics={ksm_address}"]
-    process.start(args, env={**os.environ, "PYTHONPATH": str(_procs.REPO_ROOT)})
-    deadline = time.monotonic() + timeout
-    while not http_ok(f"http://{host}:{port}/-/ready"):
-        process.check_alive()
-        if time.monotonic() > deadline:
-            process.stop()
-            raise _procs.StartError(f"Prometheus did not get ready in {timeout:.0f}s:\n{process.excerpt()}")
-        time.sleep(0.2)
+    process = ComponentProcess(MONITORING, cluster.bin_dir, cluster.workdir / "logs", detach=detach)
+    args = [f"--kubeconfig={cluster.kubeconfig}", f"--workdir={cluster.workdir / 'prometheus'}"]
+    args += [f"--host={host}", f"--port={port}", f"--static=kube-state-metrics={ksm_address}"]
+    process.start(args, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    deadline, ready = time.monotonic() + timeout, f"http://{host}:{port}/-/ready"
+    try:
+        wait_while_running(lambda: http_ok(ready), f"Prometheus at {ready}", [process], deadline)
+    except BaseException:
+        process.stop()
+        raise
     return process, host, port
 
 
@@ -129,7 +126,7 @@ def start_stack(cluster: Cluster, *, detach: bool = False, timeout: float = STAR
 def run_operator(cluster: Cluster, log: Path) -> OperatorProcess:
     """Installs the InferenceService CRD from crds/ and starts `pagoda-operator` (as in production); on a
     cluster with a real node its pods run the CPU runtime image (`make images`)."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(_procs.REPO_ROOT / "crds"))
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
     cluster.kubectl(
         "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
     )

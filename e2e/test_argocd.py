@@ -31,13 +31,12 @@ import pytest
 import yaml
 
 from e2e import images
-from e2e._procs import REPO_ROOT
 from e2e.addons import install_keda_crds
 from e2e.argocd import EXAMPLES, NAMESPACE, RESYNC_SECONDS, ArgoCD, GitRepo, start_argocd
 from e2e.chartenv import CHART, CRD_NAME, ChartOperator, condition, kubectl_json
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
-from e2e.processes import wait_until
+from e2e.processes import REPO_ROOT, wait_until
 from e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e

@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e._procs import REPO_ROOT
 from e2e.chartenv import (
     CHART,
     CRD_NAME,
@@ -39,7 +38,7 @@ from e2e.chartenv import (
 )
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
-from e2e.processes import wait_until
+from e2e.processes import REPO_ROOT, wait_until
 
 pytestmark = pytest.mark.e2e
 

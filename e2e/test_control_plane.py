@@ -16,17 +16,15 @@ from kubernetes import client
 
 from e2e import realnode
 from e2e._objects import GPU_RESOURCE, KWOK_SCHEDULING, KWOK_TAINT, request
-from e2e._procs import all_alive
 from e2e.cluster import (
     COMPONENTS,
     GPU_NODES,
     GPU_PRODUCT,
-    REPO_ROOT,
     Cluster,
     ToolsMissingError,
     check_bin_dir,
 )
-from e2e.processes import wait_until
+from e2e.processes import REPO_ROOT, all_alive, wait_until
 from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
 pytestmark = pytest.mark.e2e

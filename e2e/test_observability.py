@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e._procs import REPO_ROOT
 from e2e.addons import start_kube_state_metrics
 from e2e.chartenv import ChartOperator
 from e2e.cluster import Cluster, default_bin_dir
@@ -42,13 +41,12 @@ from e2e.observability import (
     panel_queries,
     resolve_variables,
 )
-from e2e.processes import wait_until
+from e2e.processes import REPO_ROOT, wait_until
 from e2e.realpods import get_json, pods, service_url, wait_condition
 from pagoda.runtime.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
 
-REPO = REPO_ROOT
 # The cost rules' token-rate window (chart value prometheusRule.costRateWindow, 5m by default): one minute,
 # so that the load has filled a whole window a minute after it started.
 COST_WINDOW_SECONDS = 60
@@ -66,7 +64,7 @@ def chart_rules(workdir: Path) -> Path:
             str(default_bin_dir() / "helm"),
             "template",
             "pagoda",
-            str(REPO / "charts" / "pagoda"),
+            str(REPO_ROOT / "charts" / "pagoda"),
             "-n",
             "pagoda-system",
             "--kube-version",
