@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from servers import BIN, Server
+from servers import BIN, ROOT, Server
 
-ROOT = Path(__file__).resolve().parents[1]
 ENGINE_FLAGS = ["--max-model-len", "2048", "--dtype", "float32"]
 VLLM_ONLY = ["--enforce-eager"]
 CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}

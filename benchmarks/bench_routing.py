@@ -46,8 +46,8 @@ from typing import Any
 
 import httpx
 import yaml
+from servers import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from e2e import _objects  # noqa: E402

@@ -31,11 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from servers import BIN, ROOT, Server
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from servers import BIN, Server  # noqa: E402
 
 from e2e.minio import USER, MinioServer  # noqa: E402
 from pagoda.runtime.modelinfo import SEED_ENV  # noqa: E402

@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 
 import psutil
-from runtime_vs_vllm import ROOT, VLLM_ONLY, throughput
-from servers import BIN, Server, prepare
+from runtime_vs_vllm import VLLM_ONLY, throughput
+from servers import BIN, ROOT, Server, prepare
 
 sys.path.insert(0, str(ROOT))
 from e2e.processes import sample_engine_env  # noqa: E402

@@ -23,8 +23,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests" / "integration")]
+from servers import ROOT
+
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
 
 from harness import OperatorProcess  # noqa: E402
 
@@ -335,7 +336,7 @@ def main() -> int:
     try:
         kube = Kube(cluster.api_client())
         cluster.kubectl(
-            "apply", "--server-side", "-f", str(REPO / "crds" / "pagoda.dev_inferenceservices.yaml")
+            "apply", "--server-side", "-f", str(ROOT / "crds" / "pagoda.dev_inferenceservices.yaml")
         )
         cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.pagoda.dev")
         nodes = ensure_nodes(kube, 2 * args.count)

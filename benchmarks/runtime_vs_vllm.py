@@ -24,9 +24,8 @@ import time
 from pathlib import Path
 
 import httpx
-from servers import BIN, Server, prepare
+from servers import BIN, ROOT, Server, prepare
 
-ROOT = Path(__file__).resolve().parents[1]
 ENGINE_FLAGS = ["--max-model-len", "4096", "--dtype", "float32"]
 VLLM_ONLY = ["--enforce-eager"]
 

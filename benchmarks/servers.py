@@ -1,6 +1,8 @@
-"""A runtime (or plain vLLM) server started by a benchmark: its own TMPDIR and vLLM cache, so that no server
-starts on another's warm cache; ready at its first 200 on /v1/models. Shared by runtime_vs_vllm.py,
-bench_lora.py and engine_processes.py (benchmarks run as scripts, so their folder is on sys.path)."""
+"""What the benchmarks share (they run as scripts, so their folder is on sys.path and they import this as
+`servers`): the repository's root (ROOT, for their imports of e2e and tests and their output files), and a
+runtime (or plain vLLM) server started by a benchmark: its own TMPDIR and vLLM cache, so that no server
+starts on another's warm cache; ready at its first 200 on /v1/models (runtime_vs_vllm.py, bench_lora.py and
+engine_processes.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: pagoda-runtime and its Python
 
 

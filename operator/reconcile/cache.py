@@ -180,10 +180,6 @@ class ObjectCache:
         with self._lock:
             return dict(self._children.get((namespace, owner), {}))
 
-    def owners(self) -> list[Key]:
-        with self._lock:
-            return list(self._owners)
-
     def saw_secret(self, namespace: str, name: str) -> None:
         with self._lock:
             self._secrets.add((namespace, name))

@@ -72,9 +72,6 @@ class WorkQueue:
         """Keys being reconciled right now."""
         return len(self._processing)
 
-    def idle(self) -> bool:
-        return not self._dirty and not self._processing
-
 
 async def work(
     queue: WorkQueue, reconcile: Callable[[str, str], Outcome], executor: ThreadPoolExecutor

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import REPO, OperatorProcess
+from harness import OperatorProcess
 from kubernetes import client
 
 from e2e.cluster import Cluster
 from e2e.fixtures import cluster, cluster_api, namespace, real_node  # noqa: F401
 from pagoda.operator.reconcile.kube import Kube
+from tests.repo import REPO
 
 CRD_FILE = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
 

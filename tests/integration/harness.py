@@ -6,10 +6,10 @@ from pathlib import Path
 
 from e2e import processes
 from e2e.processes import wait_until
+from tests.repo import REPO
 
-__all__ = ["MANAGEMENT_KEY_SECRET", "REPO", "RESYNC_SECONDS", "OperatorProcess", "wait_until"]
+__all__ = ["MANAGEMENT_KEY_SECRET", "RESYNC_SECONDS", "OperatorProcess", "wait_until"]
 
-REPO = Path(__file__).resolve().parents[2]
 RESYNC_SECONDS = 5
 # Where the operator keeps its management key, as the chart has it in the release's namespace: every start
 # of the operator signs with the same key (operator/reconcile/management.py).

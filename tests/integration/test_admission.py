@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.reconcile.problems import INVALID_SPEC_PREFIX, invalid_spec
+from tests.repo import REPO
 
 # Autoscaling needs a metrics source: the ServiceMonitor the operator writes.
 MONITORED = {"monitoring": {"serviceMonitor": {"enabled": True}}}
@@ -212,7 +213,7 @@ def test_a_valid_spec_is_accepted(crd: None, cluster_api: Any, namespace: str) -
         assert created["metadata"]["name"] == "ok"
 
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -30,8 +29,9 @@ from pydantic import ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.resources import desired_children
+from tests.repo import REPO
 
-CRD = Path(__file__).resolve().parents[2] / "crds" / "pagoda.dev_inferenceservices.yaml"
+CRD = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
 SPEC_SCHEMA: dict[str, Any] = yaml.safe_load(CRD.read_text())["spec"]["versions"][0]["schema"][
     "openAPIV3Schema"
 ]["properties"]["spec"]

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import REPO
+from tests.repo import REPO
 
 BENCHMARK = REPO / "benchmarks" / "operator_scale.py"
 

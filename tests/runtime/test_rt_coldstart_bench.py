@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.repo import REPO
+
 pytestmark = pytest.mark.runtime
 
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "coldstart.py"
+BENCHMARK = REPO / "benchmarks" / "coldstart.py"
 
 
 def test_the_coldstart_benchmark_runs_and_a_cached_start_downloads_nothing(tmp_path: Path) -> None:

@@ -24,10 +24,10 @@ from e2e.minio import USER, MinioServer
 from pagoda.runtime import sources
 from pagoda.runtime.modelcache import ModelCache
 from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
+from tests.repo import REPO
 
 pytestmark = pytest.mark.runtime
 
-REPO = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("PAGODA_BIN", REPO / ".pagoda-dev" / "bin"))
 BUCKET = "pagoda-models"
 PREFIX = "llama/tiny"

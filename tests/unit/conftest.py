@@ -11,7 +11,7 @@ import celpy
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.repo import REPO
 
 
 def _is_inference_service(path: Path) -> bool:

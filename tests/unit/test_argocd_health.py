@@ -14,8 +14,9 @@ import lupa.lua51 as lua51  # noqa: E402  (lupa, dev extra, embeds the reference
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CHECK_DIR = ROOT / "argocd" / "resource_customizations" / "pagoda.dev" / "InferenceService"
+from tests.repo import REPO
+
+CHECK_DIR = REPO / "argocd" / "resource_customizations" / "pagoda.dev" / "InferenceService"
 HEALTH_LUA = CHECK_DIR / "health.lua"
 
 
@@ -66,6 +67,6 @@ def test_a_condition_without_observed_generation_is_trusted() -> None:
 
 def test_argocd_cm_example_embeds_the_same_script() -> None:
     """examples/argocd/argocd-cm.yaml registers the check; it must carry this exact script."""
-    cm = yaml.safe_load((ROOT / "examples" / "argocd" / "argocd-cm.yaml").read_text())
+    cm = yaml.safe_load((REPO / "examples" / "argocd" / "argocd-cm.yaml").read_text())
     key = "resource.customizations.health.pagoda.dev_InferenceService"
     assert cm["data"][key].strip() == HEALTH_LUA.read_text().strip()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 from typing import Any
 
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_routing.py"
+from tests.repo import REPO
+
+BENCHMARK = REPO / "benchmarks" / "bench_routing.py"
+sys.path.insert(0, str(BENCHMARK.parent))  # as when it runs as a script: it imports benchmarks/servers.py
 _spec = importlib.util.spec_from_file_location("pagoda_bench_routing", BENCHMARK)
 assert _spec is not None and _spec.loader is not None
 bench_routing = importlib.util.module_from_spec(_spec)

@@ -22,8 +22,8 @@ import yaml
 from pagoda.operator.handlers import OBSERVED_KINDS
 from pagoda.operator.resources import CHILD_KINDS
 from pagoda.operator.resources.routing import PICKER_RULES
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "pagoda"
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
 KUBE_VERSION = "1.36.3"  # the version e2e/tools pins; `helm template` assumes an old default otherwise

@@ -14,8 +14,8 @@ from pagoda.operator.api.engine import EngineSpec
 from pagoda.operator.api.lora import LoraSpec
 from pagoda.runtime import contract
 from pagoda.runtime.config import ServeConfig
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 CONTRACT_FILE = REPO / "runtime" / "contract.py"
 
 # Values whose literal copy in code is a second definition of the contract.

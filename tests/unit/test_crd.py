@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from pagoda.operator.api import crdgen
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 PRESERVE_ALLOWED = {"spec.scheduling.affinity", "spec.runtime.env[].valueFrom"}
 
 

@@ -21,8 +21,8 @@ import yaml
 from metric_contract import LORA_METRICS, OPERATOR_METRICS, PICKER_METRICS, RUNTIME_METRICS
 
 from e2e.observability import PromQL, panel_queries, resolve_variables
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "charts" / "pagoda" / "files" / "dashboards").glob("*.json"))
 
 # Metrics each dashboard may use: the stable contract names (metric_contract), vLLM's, and

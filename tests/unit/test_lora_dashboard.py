@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from e2e.observability import panel_queries
+from tests.repo import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 BOARD = REPO / "charts" / "pagoda" / "files" / "dashboards" / "inferenceservice.json"
 PANELS = {"LoRA adapter requests": "pagoda_lora_requests_total"}
 PANELS["LoRA adapter tokens per second"] = "pagoda_lora_generation_tokens_total"

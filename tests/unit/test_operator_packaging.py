@@ -5,22 +5,22 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = (ROOT / "operator" / "Dockerfile").read_text()
+from tests.repo import REPO
+
+DOCKERFILE = (REPO / "operator" / "Dockerfile").read_text()
 
 
 def test_image_runs_the_console_script_declared_in_pyproject() -> None:
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["pagoda-operator"] == "pagoda.operator.main:main"
     assert 'ENTRYPOINT ["pagoda-operator"]' in DOCKERFILE
 
 
 def test_image_user_is_the_chart_security_context_user() -> None:
-    values = yaml.safe_load((ROOT / "charts" / "pagoda" / "values.yaml").read_text())
+    values = yaml.safe_load((REPO / "charts" / "pagoda" / "values.yaml").read_text())
     user = re.search(r"^USER (\d+)$", DOCKERFILE, re.MULTILINE)
     assert user, "operator/Dockerfile must switch to a numeric non-root USER"
     assert int(user.group(1)) == values["operator"]["podSecurityContext"]["runAsUser"] != 0

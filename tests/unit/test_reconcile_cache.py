@@ -45,7 +45,9 @@ def test_owner_tracking_and_replace() -> None:
     cache.observe(obj("Deployment", "m", "7"))
     assert cache.owner("ns", "m") is not None
     cache.replace("pagoda.dev/v1alpha1", "InferenceService", [obj("InferenceService", "m", "8")])
-    assert cache.owners() == [("ns", "m")]
+    replaced = cache.owner("ns", "m")
+    assert replaced is not None and replaced["metadata"]["resourceVersion"] == "8"
+    assert cache.owner("ns", "gone") is None
     cache.replace("apps/v1", "Deployment", [])
     assert cache.children("ns", "m") == {}
     cache.observe(obj("InferenceService", "m", "9"), deleted=True)

@@ -7,7 +7,8 @@ import re
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.repo import REPO
+
 # Names of documents that exist only outside the repository.
 OUTSIDE = re.compile(r"\.\./shared|\bDESIGN\.md\b|\bSTYLE\.md\b|\bnotes/(realnode|addons)\.md\b")
 

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from pagoda.runtime import modelinfo
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.repo import REPO
 
 
 def test_only_the_answers_the_cache_lacks_are_copied_with_their_mtime(
@@ -62,6 +61,6 @@ def test_a_cache_that_cannot_be_written_is_logged_not_fatal(
 
 @pytest.mark.parametrize("dockerfile", ["runtime/Dockerfile", "runtime/Dockerfile.cpu"])
 def test_the_runtime_images_seed_at_build_time_and_name_the_seed(dockerfile: str) -> None:
-    text = (ROOT / dockerfile).read_text()
+    text = (REPO / dockerfile).read_text()
     assert "python3 runtime/modelinfo.py /opt/pagoda/vllm-seed" in text
     assert f"{modelinfo.SEED_ENV}=/opt/pagoda/vllm-seed" in text

