@@ -7,9 +7,10 @@ their requests first) and `PUT` those missing or with another source or revision
 (it serves the base model) before it serves the adapters: the pass after it turns Ready loads them, and the
 status counts it as not serving them until then.
 
-What a pass costs is bounded: at most `per_pass` pods are asked, each call has a timeout, and the pass stops
-asking once `budget` seconds are spent; a pod in step is not asked again for `recheck_after` seconds (a
-runtime restarted in place is a new view: the key includes the container restart count). A pod that cannot
+What a pass costs is bounded: at most `per_pass` pods are asked, all at once (a pass waits for the slowest
+pod, not for the sum of them), and each call has a timeout; a pod in step is not asked again for
+`recheck_after` seconds (a runtime restarted in place is a new view: the key includes the container restart
+count). A pod that cannot
 be reached is retried after `retry_after` seconds, doubling up to `max_retry_after`; a failed load is
 retried after `failed_retry_after` seconds (the runtime keeps the Failed entry until then). A PUT or DELETE
 that times out goes on in the runtime: the adapter counts as Loading (or Unloading) and the next pass looks.
@@ -33,7 +34,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
+from pagoda.operator.reconcile.podmemo import PodMemo, at_once, backoff, pod_ready
 from pagoda.runtime.contract import ADAPTERS_PATH, HTTP_PORT
 from pagoda.runtime.management import Signer
 
@@ -108,7 +109,6 @@ class AdapterSync:
         port: int = HTTP_PORT,
         timeout: float = 3.0,
         load_timeout: float = 10.0,
-        budget: float = 20.0,
         per_pass: int = 8,
         recheck_after: float = 600.0,
         retry_after: float = 10.0,
@@ -119,7 +119,7 @@ class AdapterSync:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._signer, self._request, self._port = signer, request, port
-        self._timeout, self._load_timeout, self._budget = timeout, load_timeout, budget
+        self._timeout, self._load_timeout = timeout, load_timeout
         self._per_pass, self._recheck_after = per_pass, recheck_after
         self._retry_after, self._max_retry_after = retry_after, max_retry_after
         self._failed_retry_after, self._requeue_after = failed_retry_after, requeue_after
@@ -147,17 +147,17 @@ class AdapterSync:
         return self._request(method, url, data, headers, timeout)
 
     def _sync_pods(self, pods: list[Obj], desired: dict[str, Want]) -> None:
-        deadline, asked = self._clock() + self._budget, 0
+        due: list[tuple[str, str, PodView]] = []  # (view key, pod IP, what was known of the pod)
+        now = self._clock()
         for pod in pods:
             key = view_key(pod)
             view = self._views.get(key) or PodView()
-            now = self._clock()
-            if not self._due(view, desired, now):
-                continue
-            if asked >= self._per_pass or now >= deadline:
-                break
-            asked += 1
-            self._views.put(key, self._sync_pod(str(pod["status"]["podIP"]), view, desired))
+            if self._due(view, desired, now):
+                due.append((key, str(pod["status"]["podIP"]), view))
+        due = due[: self._per_pass]
+        synced = at_once(lambda one: self._sync_pod(one[1], one[2], desired), due)
+        for (key, _, _), view in zip(due, synced, strict=True):
+            self._views.put(key, view)
 
     def _due(self, view: PodView, desired: dict[str, Want], now: float) -> bool:
         if view.checked_at is None:

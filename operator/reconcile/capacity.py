@@ -19,11 +19,10 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pagoda.operator.reconcile import startup
-from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
+from pagoda.operator.reconcile.podmemo import PodMemo, at_once, backoff, pod_ready
 from pagoda.runtime.contract import CAPACITY_PATH, HTTP_PORT
 
 Obj = dict[str, Any]
@@ -103,13 +102,7 @@ class CapacityReader:
             if (known is not None and self._clock() < known[0]) or len(to_ask) >= self._per_pass:
                 continue
             to_ask.append((uid, str(ip), known))
-        # The pods are asked at once: a pass waits for the slowest answer, not for the sum of them.
-        ips = [ip for _, ip, _ in to_ask]
-        if len(ips) > 1:
-            with ThreadPoolExecutor(max_workers=len(ips)) as pool:
-                asked = list(pool.map(self._ask, ips))
-        else:
-            asked = [self._ask(ip) for ip in ips]
+        asked = at_once(self._ask, [ip for _, ip, _ in to_ask])
         for (uid, _, known), answer in zip(to_ask, asked, strict=True):
             failures = known[1] + 1 if known is not None else 1
             delay = backoff(self._retry_after, self._max_retry_after, failures)

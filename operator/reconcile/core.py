@@ -1,8 +1,10 @@
 """One level-based reconcile pass of one InferenceService.
 
-read the owner -> build the desired children -> check the Secrets they reference -> server-side apply the
-children that differ (with owner references) -> delete children no longer wanted -> compute the status ->
-write it if it changed. Nothing here depends on memory from earlier passes but the cache's.
+read the owner and parse its spec (once) -> build the desired children -> check the Secrets they reference ->
+server-side apply the children that differ (with owner references) -> delete children no longer wanted ->
+observe (`observe`: what the status needs, the Ready pods asked at once) -> compute the status (pure,
+status.compute_status) -> write it if it changed (`write_status`). Nothing here depends on memory from
+earlier passes but the cache's.
 
 What a pass reads from the API server: with the operator's watch-fed cache, the owner, its children and its
 pods come from the cache, and the only reads are metadata-only GETs of the Secrets the pod template
@@ -40,10 +42,11 @@ from pagoda.operator.reconcile.problems import (
     secret_names,
     secret_not_found,
 )
-from pagoda.operator.reconcile.scaling import HPA_KIND, autoscaling_status, hpa_name, scale_event
-from pagoda.operator.reconcile.startup import startup_status, typical_seconds
+from pagoda.operator.reconcile.scaling import HPA_KIND, hpa_name, scale_event
+from pagoda.operator.reconcile.startup import typical_seconds
 from pagoda.operator.reconcile.status import (
     OPTIONAL_FIELDS,
+    Observed,
     Problem,
     compute_status,
     degraded_now,
@@ -246,7 +249,8 @@ def _reconcile(
         if spec is not None:
             p.restart = restarts.plan(schedule, p.live.get(("Deployment", name)), now())
             p.node_cache = spec.model.node_cache
-        write_status(p, desired)
+        status = compute_status(p.owner, observe(p, desired), selector=selector_string(name), now=p.now())
+        write_status(p, status)
     except OwnerGone:
         return Outcome("gone", writes=p.writes)
     requeue = [RETRY_AFTER_S] if any(problem.retry for problem in p.problems) else []
@@ -434,43 +438,41 @@ def check_secrets(p: Pass, desired: list[Obj]) -> None:
         p.problems.append(secret_not_found(p.namespace, missing))
 
 
-def write_status(p: Pass, desired: list[Obj] | None) -> None:
-    """Compute the status from what the pass saw; write it only when it changed, with a Warning Event when
-    the owner becomes Degraded or its Degraded reason changes."""
-    previous = p.owner.get("status") or {}
-    status = compute_status(
-        p.owner,
-        p.live.get(("Deployment", p.name)),
-        p.problems,
-        selector=selector_string(p.name),
-        url=_url(p.owner, desired, p.name, p.namespace),
-        now=p.now(),
-        pods=p.pods,
-    )
-    scaled_object = p.live.get(("ScaledObject", p.name))
-    if p.hpa is not None and scaled_object is not None:
-        status["autoscaling"] = autoscaling_status(p.hpa, scaled_object, previous.get("autoscaling"))
+def observe(p: Pass, desired: list[Obj] | None) -> Observed:
+    """What the status is computed from: the pass's children, pods and problems, and what the Ready pods
+    report of themselves (capacity, start-up, node cache: the pass's only calls here, to pods not asked
+    before; see capacity.py)."""
+    kept = set()
+    if p.capacity is None:  # not asked in this pass: what was reported stands
+        kept.add("capacity")
     capacity = p.capacity.status(p.pods) if p.capacity else None
-    if capacity is not None:
-        status["capacity"] = capacity
-    elif p.capacity is None and previous.get("capacity"):
-        status["capacity"] = previous["capacity"]  # not asked in this pass: keep what was reported
-    # The starts seen so far are kept also when no replica runs: where start-up time goes is history.
-    started = startup_status(previous.get("startup"), p.capacity.startups(p.pods) if p.capacity else [])
-    if started is not None:
-        status["startup"] = started
-    caches = p.capacity.model_caches(p.pods) if p.capacity and p.node_cache else None
-    if caches is not None:
-        status["modelCache"] = caches
-    restart = p.restart.status() if p.restart is not None else None
-    if restart is not None:
-        status["restarts"] = restart
-    elif p.restart is None and previous.get("restarts"):
-        status["restarts"] = previous["restarts"]  # not planned in this pass (an invalid spec): keep it
-    if p.adapters is not None:
-        status.update(p.adapters.status)
-    else:  # not synced in this pass (an invalid spec, or no syncer): keep what was reported
-        status.update({k: previous[k] for k in ("adapters", "adaptersReady") if k in previous})
+    model_cache = p.capacity.model_caches(p.pods) if p.capacity and p.node_cache else None
+    if p.node_cache and model_cache is None:  # the node's cache outlives the pods that reported on it
+        kept.add("modelCache")
+    if p.restart is None:  # not planned in this pass (an invalid spec)
+        kept.add("restarts")
+    if p.adapters is None:  # not synced in this pass (an invalid spec, or no syncer)
+        kept.update(("adapters", "adaptersReady"))
+    return Observed(
+        deployment=p.live.get(("Deployment", p.name)),
+        pods=p.pods,
+        problems=p.problems,
+        url=_url(p.owner, desired, p.name, p.namespace),
+        hpa=p.hpa,
+        scaled_object=p.live.get(("ScaledObject", p.name)),
+        capacity=capacity,
+        startups=p.capacity.startups(p.pods) if p.capacity else [],
+        model_cache=model_cache,
+        restarts=p.restart.status() if p.restart is not None else None,
+        adapters=p.adapters.status if p.adapters is not None else {},
+        kept=frozenset(kept),
+    )
+
+
+def write_status(p: Pass, status: Obj) -> None:
+    """Write the status computed for this pass only when it changed, with a Warning Event when the owner
+    becomes Degraded or its Degraded reason changes (and Events for scaling and adapter failures)."""
+    previous = p.owner.get("status") or {}
     if not status_changed(previous, status):
         return
     wait = first_report_wait(previous, p.live.get(("Deployment", p.name)), p.problems, p.now())

@@ -1,24 +1,29 @@
-"""Pure functions: the InferenceService status (conditions Ready, Progressing, Degraded, DisruptionTolerant)
-from what was seen.
+"""Pure functions: the InferenceService status from what one reconcile pass observed.
 
-No I/O. `compute_status` takes the owner, the live Deployment (or None), the service's pods and the problems
-found during the pass, and returns the complete status. A condition keeps its lastTransitionTime unless its
+No I/O. The pass gathers what it saw into an `Observed` (core.observe, the only step that makes calls) and
+`compute_status(owner, observed)` returns the complete status: the conditions (Ready, Progressing,
+Degraded, DisruptionTolerant), the replica counts, and the reports of the replicas and KEDA (autoscaling,
+capacity, startup, modelCache, restarts, adapters). A condition keeps its lastTransitionTime unless its
 status flips. What keeps replicas from being ready (`blocker`: a failing container, an unschedulable pod, pods
 the API server refuses, a stuck rollout) makes the service Degraded and is the Ready condition's reason while
 replicas are missing, so `kubectl get` shows it.
+
+The conditions read the spec as stored (`owner["spec"]`), not the validated model: an invalid spec still gets
+a status, whose messages name the fields as the user wrote them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pagoda.operator.api.routing import waiting_room_seconds
 from pagoda.operator.reconcile.admission import replica_failure_issue
 from pagoda.operator.reconcile.pods import PodIssue, pods_issue
+from pagoda.operator.reconcile.scaling import autoscaling_status
 from pagoda.operator.reconcile.scheduling import unschedulable_issue
-from pagoda.operator.reconcile.startup import typical_seconds
+from pagoda.operator.reconcile.startup import startup_status, typical_seconds
 from pagoda.operator.reconcile.times import parse_time
 
 Obj = dict[str, Any]
@@ -42,24 +47,38 @@ class Condition:
     message: str
 
 
-def compute_status(
-    owner: Obj,
-    deployment: Obj | None,
-    problems: list[Problem],
-    *,
-    selector: str,
-    url: str | None,
-    now: str,
-    pods: list[Obj] | None = None,
-) -> Obj:
-    """The whole status of `owner` for this pass; `now` is an RFC 3339 timestamp; `pods` are the pods
-    labelled as the service's (a failing one makes it Degraded)."""
+@dataclass(frozen=True)
+class Observed:
+    """What one pass saw of a service: everything its status is computed from.
+
+    A report that is None was looked for and not found (the field leaves the status); a status field named
+    in `kept` was not looked for in this pass (no capacity reader, an invalid spec that plans no restart and
+    syncs no adapter, a node cache no Ready replica has reported on yet): its last value stands."""
+
+    deployment: Obj | None
+    pods: list[Obj] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    url: str | None = None
+    hpa: Obj | None = None  # the HPA KEDA made from the ScaledObject
+    scaled_object: Obj | None = None
+    capacity: Obj | None = None  # the smallest Ready replica's KV-cache capacity (capacity.py)
+    startups: list[Obj] = field(default_factory=list)  # start-up records of the Ready replicas (startup.py)
+    model_cache: Obj | None = None  # per node, the models in its cache (spec.model.cache.scope Node)
+    restarts: Obj | None = None  # the restart schedule's status (restarts.py)
+    adapters: Obj = field(default_factory=dict)  # `adapters`, `adaptersReady` from the adapter sync
+    kept: frozenset[str] = frozenset()
+
+
+def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -> Obj:
+    """The whole status of `owner` for this pass; `now` is an RFC 3339 timestamp."""
     generation = int(owner.get("metadata", {}).get("generation", 0))
-    previous = {c.get("type"): c for c in (owner.get("status") or {}).get("conditions") or []}
+    previous_status = owner.get("status") or {}
+    previous = {c.get("type"): c for c in previous_status.get("conditions") or []}
+    deployment, problems = observed.deployment, observed.problems
     st = (deployment or {}).get("status") or {}
     want = desired_replicas(deployment) if deployment is not None else 0
     spec = owner.get("spec") or {}
-    stop = blocker(deployment, pods or [], spec, parse_time(now)) if deployment is not None else None
+    stop = blocker(deployment, observed.pods, spec, parse_time(now)) if deployment is not None else None
     conditions = [
         ready_condition(deployment, problems, stop, waiting_room=scale_from_zero_wait(owner)),
         progressing_condition(deployment, problems),
@@ -74,8 +93,22 @@ def compute_status(
         "readySummary": f"{int(st.get('readyReplicas') or 0)}/{want}",
         "selector": selector,
     }
-    if url:
-        status["url"] = url
+    if observed.url:
+        status["url"] = observed.url
+    if observed.hpa is not None and observed.scaled_object is not None:
+        status["autoscaling"] = autoscaling_status(
+            observed.hpa, observed.scaled_object, previous_status.get("autoscaling")
+        )
+    # The starts seen so far are kept also when no replica runs: where start-up time goes is history.
+    reports = {
+        "capacity": observed.capacity,
+        "startup": startup_status(previous_status.get("startup"), observed.startups),
+        "modelCache": observed.model_cache,
+        "restarts": observed.restarts,
+    }
+    status.update({key: value for key, value in reports.items() if value is not None})
+    status.update(observed.adapters)
+    status.update({key: previous_status[key] for key in observed.kept if key in previous_status})
     return status
 
 
@@ -264,8 +297,18 @@ def _scaled(value: Any, replicas: int) -> int:
     return int(value)
 
 
-# Status fields present only when they apply (a URL, an autoscaler, a reported capacity, a restart schedule).
-OPTIONAL_FIELDS = ("url", "autoscaling", "capacity", "startup", "restarts", "adapters", "adaptersReady")
+# Status fields present only when they apply (a URL, an autoscaler, a reported capacity, a node cache, a
+# restart schedule, LoRA adapters).
+OPTIONAL_FIELDS = (
+    "url",
+    "autoscaling",
+    "capacity",
+    "startup",
+    "modelCache",
+    "restarts",
+    "adapters",
+    "adaptersReady",
+)
 
 
 def status_changed(live: Obj | None, new: Obj) -> bool:

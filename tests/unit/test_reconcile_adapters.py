@@ -5,6 +5,7 @@ e2e/test_lora.py)."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -284,6 +285,25 @@ def test_a_pass_asks_a_bounded_number_of_pods() -> None:
         report = sync.sync(spec_of(owner({"sql": SQL})), pods)
         assert report is not None
     assert report.status["adaptersReady"] == "1/1"
+
+
+def test_a_pass_brings_its_pods_in_step_at_once() -> None:
+    """The pods of one pass are synced together (a pass waits for the slowest pod, not for the sum): each
+    pod's first call waits at a barrier that opens only when all four pods are being asked."""
+    ips = [f"10.244.0.{i}" for i in range(2, 6)]
+    runtimes = FakeAdapterRuntimes(ips, {SQL: 8})
+    barrier = threading.Barrier(len(ips), timeout=10)
+
+    def request(method: str, url: str, data: bytes | None, headers: dict[str, str], timeout: float) -> Any:
+        if method == "GET":
+            barrier.wait()  # BrokenBarrierError (the pod unreachable) unless the four pods overlap
+        return runtimes(method, url, data, headers, timeout)
+
+    sync = AdapterSync(SIGNER, request, per_pass=len(ips))
+    report = sync.sync(spec_of(owner({"sql": SQL})), [pod(str(i), ip) for i, ip in enumerate(ips)])
+    assert report.status["adaptersReady"] == "1/1"
+    assert report.status["adapters"][0]["readyReplicas"] == 4
+    assert all(runtimes.loaded(ip) == {"sql": SQL} for ip in ips)
 
 
 def test_a_load_that_times_out_counts_as_loading_and_is_looked_at_again() -> None:

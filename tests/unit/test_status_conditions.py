@@ -3,9 +3,10 @@ semantics."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
-from pagoda.operator.reconcile.status import Problem, compute_status, status_changed
+from pagoda.operator.reconcile.status import Observed, Problem, compute_status, status_changed
 
 SELECTOR = "app.kubernetes.io/name=pagoda-runtime,pagoda.dev/inferenceservice=m"
 T0 = "2026-01-01T00:00:00Z"
@@ -43,7 +44,9 @@ def conditions(status: dict[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 def compute(own: dict[str, Any], dep: dict[str, Any] | None, problems: list[Problem], now: str = T0) -> Any:
-    return compute_status(own, dep, problems, selector=SELECTOR, url="http://m.ns.svc:8000", now=now)
+    return compute_status(
+        own, Observed(dep, problems=problems, url="http://m.ns.svc:8000"), selector=SELECTOR, now=now
+    )
 
 
 def test_all_ready() -> None:
@@ -153,7 +156,7 @@ DOES_NOT_FIT = (
 def test_failing_pod_makes_degraded_with_the_runtimes_reason_and_pod() -> None:
     dep = deployment(ready=0, updated=2, available=0)
     pods = [crashing_pod("m-6d9-x", DOES_NOT_FIT)]
-    status = compute_status(owner(), dep, [], selector=SELECTOR, url=None, now=T0, pods=pods)
+    status = compute_status(owner(), Observed(dep, pods=pods), selector=SELECTOR, now=T0)
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert (degraded["status"], degraded["reason"]) == ("True", "ModelDoesNotFit")
     assert degraded["message"].startswith("pod m-6d9-x container runtime: maxModelLen 4096 needs")
@@ -163,33 +166,36 @@ def test_failing_pod_makes_degraded_with_the_runtimes_reason_and_pod() -> None:
     assert (ready["status"], ready["reason"]) == ("False", "ModelDoesNotFit")
     assert ready["message"] == "0/2 replicas are ready; the Degraded condition says why"
     # The same pods again: nothing to write; a new restart changes the message, not the transition time.
-    again = compute_status(owner(status=status), dep, [], selector=SELECTOR, url=None, now=T1, pods=pods)
+    again = compute_status(owner(status=status), Observed(dep, pods=pods), selector=SELECTOR, now=T1)
     assert not status_changed(status, again)
     later = [crashing_pod("m-6d9-x", DOES_NOT_FIT, restarts=4)]
-    moved = compute_status(owner(status=status), dep, [], selector=SELECTOR, url=None, now=T1, pods=later)
+    moved = compute_status(owner(status=status), Observed(dep, pods=later), selector=SELECTOR, now=T1)
     assert status_changed(status, moved)
     assert next(c for c in moved["conditions"] if c["type"] == "Degraded")["lastTransitionTime"] == T0
     # The operator's own problems come first; a stuck rollout comes after the pod's reason.
     ours = compute_status(
-        owner(), dep, [Problem("SecretNotFound", "x")], selector=SELECTOR, url=None, now=T0, pods=pods
+        owner(),
+        Observed(dep, pods=pods, problems=[Problem("SecretNotFound", "x")]),
+        selector=SELECTOR,
+        now=T0,
     )
     assert conditions(ours)["Degraded"] == ("True", "SecretNotFound")
     dep["status"]["conditions"] = [
         {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}
     ]
-    stuck = compute_status(owner(), dep, [], selector=SELECTOR, url=None, now=T0, pods=pods)
+    stuck = compute_status(owner(), Observed(dep, pods=pods), selector=SELECTOR, now=T0)
     assert conditions(stuck)["Degraded"] == ("True", "ModelDoesNotFit")
 
 
 def test_pod_recovers_and_degraded_clears() -> None:
     dep = deployment(ready=0, updated=2, available=0)
     failing = compute_status(
-        owner(), dep, [], selector=SELECTOR, url=None, now=T0, pods=[crashing_pod("p", DOES_NOT_FIT)]
+        owner(), Observed(dep, pods=[crashing_pod("p", DOES_NOT_FIT)]), selector=SELECTOR, now=T0
     )
     running = {"name": "runtime", "ready": True, "restartCount": 0, "state": {"running": {}}}
     healthy = {"metadata": {"name": "p"}, "status": {"containerStatuses": [running]}}
     status = compute_status(
-        owner(status=failing), deployment(), [], selector=SELECTOR, url=None, now=T1, pods=[healthy]
+        owner(status=failing), Observed(deployment(), pods=[healthy]), selector=SELECTOR, now=T1
     )
     assert conditions(status)["Degraded"] == ("False", "Reconciled")
 
@@ -219,7 +225,7 @@ def owner_with_spec(status: dict[str, Any] | None = None) -> dict[str, Any]:
 def test_unschedulable_pod_is_the_blocker_in_ready_and_degraded() -> None:
     dep = deployment(ready=0, updated=2, available=0)
     pods = [pending_pod("m-6d9-b"), pending_pod("m-6d9-a")]
-    status = compute_status(owner_with_spec(), dep, [], selector=SELECTOR, url=None, now=T0, pods=pods)
+    status = compute_status(owner_with_spec(), Observed(dep, pods=pods), selector=SELECTOR, now=T0)
     assert conditions(status) == {
         "Ready": ("False", "InsufficientGPU"),
         "Progressing": ("True", "RollingOut"),
@@ -232,14 +238,10 @@ def test_unschedulable_pod_is_the_blocker_in_ready_and_degraded() -> None:
     )
     assert "spec.resources.gpu.count" in degraded["message"]
     # Passes later with the same pods write nothing.
-    again = compute_status(
-        owner_with_spec(status), dep, [], selector=SELECTOR, url=None, now=T1, pods=[*pods]
-    )
+    again = compute_status(owner_with_spec(status), Observed(dep, pods=[*pods]), selector=SELECTOR, now=T1)
     assert not status_changed(status, again)
     # Scheduled at last: Ready's reason goes back to the replica count, Degraded clears.
-    done = compute_status(
-        owner_with_spec(status), deployment(), [], selector=SELECTOR, url=None, now=T1, pods=[]
-    )
+    done = compute_status(owner_with_spec(status), Observed(deployment(), pods=[]), selector=SELECTOR, now=T1)
     assert conditions(done)["Ready"] == ("True", "ReplicasReady")
     assert conditions(done)["Degraded"] == ("False", "Reconciled")
 
@@ -249,7 +251,7 @@ def test_quota_from_the_deployments_replica_failure() -> None:
     dep["status"]["conditions"] = [
         {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA}
     ]
-    status = compute_status(owner_with_spec(), dep, [], selector=SELECTOR, url=None, now=T0, pods=[])
+    status = compute_status(owner_with_spec(), Observed(dep, pods=[]), selector=SELECTOR, now=T0)
     assert conditions(status)["Degraded"] == ("True", "QuotaExceeded")
     assert conditions(status)["Ready"] == ("False", "QuotaExceeded")
     assert status["readySummary"] == "2/3"
@@ -266,7 +268,7 @@ def test_blockers_most_specific_first() -> None:
 
     def degraded(pods: list[dict[str, Any]], problems: list[Problem] | None = None) -> tuple[str, str]:
         status = compute_status(
-            owner_with_spec(), dep, problems or [], selector=SELECTOR, url=None, now=T0, pods=pods
+            owner_with_spec(), Observed(dep, pods=pods, problems=problems or []), selector=SELECTOR, now=T0
         )
         return conditions(status)["Degraded"]
 
@@ -325,3 +327,51 @@ def test_no_replica_means_nothing_to_drain() -> None:
     assert disruption(0, {})[:2] == ("True", "NoReplicas")
     cond = next(c for c in compute(owner(), None, [])["conditions"] if c["type"] == "DisruptionTolerant")
     assert (cond["status"], cond["reason"]) == ("True", "NoReplicas")
+
+
+# The replicas' and KEDA's reports: what one pass observed goes in; what it did not look for stands.
+CAPACITY = {"kvCacheTokens": 4096, "maxModelLen": 512, "maxConcurrency": 8.0}
+RESTARTS = {"next": T1, "message": "Next restart at 00:05"}
+ADAPTERS = {
+    "adapters": [{"name": "sql", "readyReplicas": 2, "replicas": 2, "state": "Ready"}],
+    "adaptersReady": "1/1",
+}
+CACHE = {"nodes": [{"node": "n1", "bytes": 10, "models": []}]}
+START = {"last": {"seconds": 30.0}, "typical": {"seconds": 30.0}, "recent": []}
+
+
+def test_reports_observed_in_a_pass_go_into_the_status() -> None:
+    observed = Observed(
+        deployment(),
+        capacity=CAPACITY,
+        model_cache=CACHE,
+        restarts=RESTARTS,
+        adapters=ADAPTERS,
+    )
+    status = compute_status(owner(), observed, selector=SELECTOR, now=T0)
+    assert status["capacity"] == CAPACITY and status["modelCache"] == CACHE
+    assert status["restarts"] == RESTARTS
+    assert status["adapters"] == ADAPTERS["adapters"] and status["adaptersReady"] == "1/1"
+
+
+def test_reports_not_looked_for_stand_and_reports_gone_leave_the_status() -> None:
+    before = {"capacity": CAPACITY, "modelCache": CACHE, "restarts": RESTARTS, "startup": START, **ADAPTERS}
+    kept = frozenset({"capacity", "modelCache", "restarts", "adapters", "adaptersReady"})
+    stood = compute_status(owner(status=before), Observed(deployment(), kept=kept), selector=SELECTOR, now=T0)
+    assert {key: stood[key] for key in before} == before
+    # Looked for and not found: gone (write_status then removes them with the merge patch), but the start-up
+    # history stays, since where start-up time went outlives the replicas.
+    gone = compute_status(owner(status=before), Observed(deployment()), selector=SELECTOR, now=T0)
+    assert not {"capacity", "modelCache", "restarts", "adapters", "adaptersReady"} & set(gone)
+    assert gone["startup"] == START
+    assert status_changed(stood, gone)
+
+
+def test_compute_status_is_pure() -> None:
+    """The same observation gives the same status, and nothing given is changed."""
+    own = owner(status={"capacity": CAPACITY})
+    observed = Observed(deployment(ready=1), pods=[], problems=[Problem("SecretNotFound", "x")], url="u")
+    before = copy.deepcopy((own, observed))
+    first = compute_status(own, observed, selector=SELECTOR, now=T0)
+    assert compute_status(own, observed, selector=SELECTOR, now=T0) == first
+    assert (own, observed) == before

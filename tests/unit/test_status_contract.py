@@ -11,7 +11,7 @@ from pagoda.operator.api import CONDITION_TYPES, InferenceServiceStatus, Restart
 from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.restarts import plan as restart_plan
 from pagoda.operator.reconcile.scaling import autoscaling_status
-from pagoda.operator.reconcile.status import Problem, compute_status
+from pagoda.operator.reconcile.status import Observed, Problem, compute_status
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
 from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa
 
@@ -67,14 +67,17 @@ CASES: dict[str, dict[str, Any]] = {
 
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_computed_status_is_valid_for_the_status_model(case: dict[str, Any]) -> None:
+    observed = Observed(
+        case["deployment"],
+        pods=case.get("pods") or [],
+        problems=case.get("problems", []),
+        url=case.get("url"),
+    )
     status = compute_status(
         OWNER,
-        case["deployment"],
-        case.get("problems", []),
+        observed,
         selector="app.kubernetes.io/name=pagoda-runtime,pagoda.dev/inferenceservice=m",
-        url=case.get("url"),
         now=NOW,
-        pods=case.get("pods"),
     )
     model = InferenceServiceStatus.model_validate(status)  # unknown or mistyped fields fail here
     assert model.model_dump(by_alias=True, exclude_none=True) == status  # and nothing is lost or renamed
@@ -84,21 +87,29 @@ def test_computed_status_is_valid_for_the_status_model(case: dict[str, Any]) -> 
 def test_a_pod_issue_reaches_the_status_model() -> None:
     """The pod case above really is Degraded by the pod (so the model sees a pod-made message)."""
     case = CASES["degraded-by-a-pod"]
-    status = compute_status(OWNER, case["deployment"], [], selector="s", url=URL, now=NOW, pods=case["pods"])
+    status = compute_status(
+        OWNER, Observed(case["deployment"], pods=case["pods"], url=URL), selector="s", now=NOW
+    )
     degraded = InferenceServiceStatus.model_validate(status).conditions[2]
     assert (degraded.type, degraded.status, degraded.reason) == ("Degraded", "True", "ModelNotFound")
 
 
 def test_autoscaling_and_capacity_fields_fit_the_status_model() -> None:
-    status = compute_status(OWNER, deployment(3, 3, 3), [], selector="a=b", url=URL, now=NOW)
     before = autoscaling_status(hpa(1, 1, "0", "0", None), SCALED_OBJECT, None)
-    status["autoscaling"] = autoscaling_status(hpa(1, 3, "14", "350m", NOW), SCALED_OBJECT, before)
     answer = {"kvCacheTokens": 131072, "maxModelLen": 2048, "maxConcurrency": 64.0, "blockSize": 128}
     pod = {
         "metadata": {"uid": "u1"},
         "status": {"podIP": "10.244.128.2", "conditions": [{"type": "Ready", "status": "True"}]},
     }
-    status["capacity"] = CapacityReader(lambda url, timeout: answer).status([pod])
+    observed = Observed(
+        deployment(3, 3, 3),
+        url=URL,
+        hpa=hpa(1, 3, "14", "350m", NOW),
+        scaled_object=SCALED_OBJECT,
+        capacity=CapacityReader(lambda url, timeout: answer).status([pod]),
+    )
+    status = compute_status({**OWNER, "status": {"autoscaling": before}}, observed, selector="a=b", now=NOW)
+    assert {"autoscaling", "capacity"} <= set(status)
     model = InferenceServiceStatus.model_validate(status)
     assert model.model_dump(by_alias=True, exclude_none=True) == status
 
@@ -111,8 +122,8 @@ def test_restarts_fit_the_status_model() -> None:
     }
     rolling["metadata"]["annotations"] = {RESTART_SCHEDULE_SINCE_ANNOTATION: "2025-12-30T00:00:00Z"}
     owner = {**OWNER, "spec": {"restartSchedule": {"every": "12h"}}}
-    status = compute_status(owner, rolling, [], selector="a=b", url=URL, now=NOW)
-    status["restarts"] = restart_plan(RestartSchedule(every="12h"), rolling, NOW).status()
+    restarts = restart_plan(RestartSchedule(every="12h"), rolling, NOW).status()
+    status = compute_status(owner, Observed(rolling, url=URL, restarts=restarts), selector="a=b", now=NOW)
     assert set(status["restarts"]) == {"last", "next", "message"}
     model = InferenceServiceStatus.model_validate(status)
     assert model.model_dump(by_alias=True, exclude_none=True) == status
