@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -55,6 +57,20 @@ def test_phases_are_timed_in_order_from_the_process_start() -> None:
     assert clock.phases["modelFetch"] >= 0.05
     assert clock.total() == pytest.approx(sum(clock.phases.values()))
     assert clock.as_json()["seconds"] == pytest.approx(clock.total(), abs=0.001)
+
+
+def test_the_start_is_the_processs_creation_not_the_moment_it_asks() -> None:
+    """A child asks one second after it started: the answer is when it was spawned (within the boot time's
+    fraction of a second, which Linux truncates), not the time of asking."""
+    code = (
+        "import time; time.sleep(1); from pagoda.runtime.startup import process_started; "
+        "print(process_started(), time.time())"
+    )
+    spawned = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    started, asked = map(float, out.stdout.split())
+    assert spawned - 1.5 < started < spawned + 1.0
+    assert asked - started > 0.5
 
 
 def test_an_unknown_phase_is_refused_by_name() -> None:
