@@ -93,12 +93,14 @@ def repository_of(reference: str) -> str:
     return reference if rest else f"library/{reference}"
 
 
-def _run(argv: list[str], what: str, timeout: float = 900) -> str:
+def _run(argv: list[str], what: str, timeout: float = 900, hint: tuple[str, str] | None = None) -> str:
+    """Runs `argv`; a failure raises RegistryError with its output, and `hint`'s advice (second) when the
+    output holds its marker (first)."""
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise RegistryError(
-            f"{what} failed ({proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}"
-        )
+        output = proc.stderr.strip() or proc.stdout.strip()
+        advice = f"\n{hint[1]}" if hint is not None and hint[0] in output else ""
+        raise RegistryError(f"{what} failed ({proc.returncode}): {output}{advice}")
     return proc.stdout
 
 
@@ -165,6 +167,11 @@ def _push(
                 f"docker://{target}",
             ],
             f"Pushing {reference} to {target}",
+            hint=(
+                "image not known",
+                f"{reference} ({image['id']}) is no longer in buildah's storage, which every checkout on"
+                " this machine shares: another checkout's `make images` replaced it. Run `make images` here.",
+            ),
         )
         return Path(digest_file.name).read_text().strip()
 
