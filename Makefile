@@ -108,8 +108,8 @@ lint: venv tools ## ruff, mypy (strict on operator/ and runtime/), actionlint (.
 	@# Every test module of every tier imports (a name a refactor removed fails here, not 20 minutes into tier 4),
 	@# collected in one run as `pytest tests e2e` would: helper modules need names unique across the tiers.
 	$(PY) -m pytest -p no:cacheprovider --collect-only -q tests e2e > /dev/null
-	@# Every benchmark imports and parses its flags; tier 2 runs the operator's in small (the engines' start
-	@# engines, minutes each: docs/benchmarks.md).
+	@# Every benchmark imports and parses its flags; each also runs in small in a test tier: the operator's in
+	@# tier 2, the others in tier 3 (--smoke-url against its shared runtime: no engine of their own).
 	for bench in $(BENCHMARKS); do $(PY) $$bench --help > /dev/null || exit 1; done
 
 .PHONY: test-unit

@@ -25,7 +25,13 @@ three real replicas of the tiny model whose KV caches each hold about a third of
    content), and the engines' own prefix-cache hit rate (vllm:prefix_cache_hits / vllm:prefix_cache_queries,
    summed over the pods, before minus after).
 Prints a markdown table (per load: the median over rounds of each side, the median ratio and its range) and
-writes the raw numbers to .pagoda-dev/bench-routing.json.
+writes the raw numbers to .pagoda-dev/bench-routing.json (--out).
+
+Smoke run (`make test`, tier 3): `--smoke-url URL` starts no cluster: the running server at URL (OpenAI API,
+model `tiny`) is both sides and the one pod whose prefix-cache counters are read; 2 system prompts of 40
+words, 1 round, a closed loop of 4 requests, 2 clients, the sweep of arrival rates with 2 requests each, a
+warm-up of 2. The prompts' length in tokens and the KV cache's size (the replicas' settings) are not measured,
+and every ratio compares that server with itself.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from typing import Any
 
 import httpx
 import yaml
-from servers import ROOT
+from servers import ROOT, Smoke, smoke_options
 
 sys.path.insert(0, str(ROOT))
 
@@ -329,6 +335,67 @@ def load_rate(load: str) -> float:
 
 
 SWEEP = (0.5, 0.75, 1.0, 1.25, 1.5)  # arrival rates, as fractions of round-robin's closed-loop capacity
+# --smoke-url's sizes (servers.smoke_options): seconds on the tiny model.
+SMOKE = {
+    "prompts": 2,
+    "prompt_words": 40,
+    "requests": 4,
+    "sweep_requests": 2,
+    "concurrency": 2,
+    "warmup": 2,
+    "rounds": 1,
+    "out": ROOT / ".pagoda-dev" / "bench-routing-smoke.json",
+}
+# The report's part that belongs to the cluster's replicas (their KV cache sized for the prompts): a smoke run
+# has no cluster.
+REPLICA_KEYS = ("prompt_tokens", "kv_blocks_per_replica", "block_size", "max_num_seqs")
+
+
+def measure(
+    args: argparse.Namespace, workload: Workload, sweep: Workload, urls: dict[str, str], pod_urls: list[str]
+) -> dict[str, Any]:
+    """The warm-up, then per round the closed loop and the sweep of arrival rates through both sides (`urls`:
+    mode -> URL), the order of the modes alternating; the report's measured part."""
+    if args.warmup:
+        warm = Workload(args.prompts, args.prompt_words, args.warmup, args.concurrency, seed=3)
+        for mode, url in urls.items():
+            result = run_mode(mode, -1, warm, url, pod_urls, salt=f"warm-up-{mode}")
+            print(f"warm-up {mode}: {result.completed} done, {result.failed} failed", flush=True)
+    load = os.getloadavg()[0]
+    rows: list[dict[str, Any]] = []
+    rates: list[float] = args.rates or []
+    for round_ in range(args.rounds):
+        order = ["picker", "round-robin"] if round_ % 2 == 0 else ["round-robin", "picker"]
+        closed: dict[str, float] = {}
+        for mode in order:  # saturated: each side's capacity
+            result = run_mode(mode, round_, workload, urls[mode], pod_urls)
+            closed[mode] = result.completed / result.seconds
+            rows.append(result.row())
+            print(json.dumps(result.row()), flush=True)
+        rates = rates or [round(f * closed["round-robin"], 2) for f in SWEEP]
+        for rate in rates:
+            for mode in order:
+                result = run_mode(mode, round_, sweep, urls[mode], pod_urls, rate=rate)
+                rows.append(result.row())
+                print(json.dumps(result.row()), flush=True)
+    return {
+        "workload": {k: v for k, v in asdict(workload).items() if k != "sequence"},
+        "sweep_requests": args.sweep_requests,
+        "rates": rates,
+        "load_average_at_start": load,
+        "load_average_at_end": os.getloadavg()[0],
+        "rows": rows,
+    }
+
+
+def write_report(args: argparse.Namespace, report: dict[str, Any], smoke: Smoke | None = None) -> None:
+    if smoke:
+        report["smoke"] = smoke.report()
+        print(smoke.banner())
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report["rows"]))
+    print(f"Raw numbers in {args.out}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -352,9 +419,14 @@ def main(argv: list[str] | None = None) -> int:
         f"{', '.join(str(f) for f in SWEEP)} x round-robin's first closed-loop throughput",
     )
     parser.add_argument("--out", type=Path, default=ROOT / ".pagoda-dev" / "bench-routing.json")
-    args = parser.parse_args(argv)
+    args = smoke_options(parser, SMOKE, argv)
     workload = Workload(args.prompts, args.prompt_words, args.requests, args.concurrency)
     sweep = Workload(args.prompts, args.prompt_words, args.sweep_requests, args.concurrency, seed=11)
+    smoke = Smoke.of(args, dict.fromkeys(REPLICA_KEYS, "the replicas' KV cache: no cluster here"))
+    if smoke:  # the given server is both sides and the one pod
+        urls = {"picker": args.smoke_url, "round-robin": args.smoke_url}
+        write_report(args, measure(args, workload, sweep, urls, [args.smoke_url]), smoke)
+        return 0
     blocks, tokens = kv_blocks(workload)
     max_model_len = BLOCK_SIZE * ((tokens + 64) // BLOCK_SIZE + 2)
     print(
@@ -378,44 +450,16 @@ def main(argv: list[str] | None = None) -> int:
         addresses = sorted((p["status"]["podIP"], HTTP_PORT) for p in pods)
         gateway = start_gateway(cluster, NAME, NAMESPACE, round_robin=addresses)
         urls = {"picker": gateway.url, "round-robin": gateway.round_robin_url}
-        if args.warmup:
-            warm = Workload(args.prompts, args.prompt_words, args.warmup, args.concurrency, seed=3)
-            for mode, url in urls.items():
-                result = run_mode(mode, -1, warm, url, pod_urls, salt=f"warm-up-{mode}")
-                print(f"warm-up {mode}: {result.completed} done, {result.failed} failed", flush=True)
-        load = os.getloadavg()[0]
-        rows: list[dict[str, Any]] = []
-        rates: list[float] = args.rates or []
-        for round_ in range(args.rounds):
-            order = ["picker", "round-robin"] if round_ % 2 == 0 else ["round-robin", "picker"]
-            closed: dict[str, float] = {}
-            for mode in order:  # saturated: each side's capacity
-                result = run_mode(mode, round_, workload, urls[mode], pod_urls)
-                closed[mode] = result.completed / result.seconds
-                rows.append(result.row())
-                print(json.dumps(result.row()), flush=True)
-            rates = rates or [round(f * closed["round-robin"], 2) for f in SWEEP]
-            for rate in rates:
-                for mode in order:
-                    result = run_mode(mode, round_, sweep, urls[mode], pod_urls, rate=rate)
-                    rows.append(result.row())
-                    print(json.dumps(result.row()), flush=True)
-        report = {
-            "workload": {k: v for k, v in asdict(workload).items() if k != "sequence"},
-            "sweep_requests": args.sweep_requests,
-            "rates": rates,
+        measured = measure(args, workload, sweep, urls, pod_urls)
+        replicas = {
             "prompt_tokens": tokens,
             "kv_blocks_per_replica": blocks,
             "block_size": BLOCK_SIZE,
             "max_num_seqs": MAX_NUM_SEQS,
-            "load_average_at_start": load,
-            "load_average_at_end": os.getloadavg()[0],
-            "rows": rows,
         }
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2) + "\n")
-        print(table(rows))
-        print(f"Raw numbers in {args.out}")
+        # The keys in the order they always had: the workload, the replicas' settings, the measurements.
+        report = {k: measured[k] for k in ("workload", "sweep_requests", "rates")} | replicas | measured
+        write_report(args, report)
     finally:
         if gateway is not None:
             gateway.stop()

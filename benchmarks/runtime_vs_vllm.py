@@ -10,7 +10,11 @@
    throughput = 32 concurrent streams of 64 tokens; TTFT = sequential streamed requests, first token.
 3. Prefix caching: a third server (Pagoda, --no-enable-prefix-caching) vs the first (caching on), both
    sent a shared ~1,000-token system prompt with short distinct questions; TTFT p50 ratio.
-Prints a markdown table and writes the raw numbers to .pagoda-dev/bench-runtime.json.
+Prints a markdown table and writes the raw numbers to .pagoda-dev/bench-runtime.json (--json).
+
+Smoke run (`make test`, tier 3): `--smoke-url URL` starts no server and measures the running server at URL as
+all three, 1 round of 4 streams x 8 tokens, 2 TTFT requests, 2 chat requests on a ~200-token system prompt;
+start-up is not measured (the server was running) and every ratio compares that server with itself.
 """
 
 from __future__ import annotations
@@ -24,10 +28,20 @@ import time
 from pathlib import Path
 
 import httpx
-from servers import BIN, ROOT, Server, prepare
+from servers import ALREADY_RUNNING, BIN, ROOT, Given, Server, Smoke, prepare, smoke_options
 
 ENGINE_FLAGS = ["--max-model-len", "4096", "--dtype", "float32"]
 VLLM_ONLY = ["--enforce-eager"]
+# --smoke-url's sizes (servers.smoke_options): seconds on the tiny model.
+SMOKE = {
+    "rounds": 1,
+    "ttft_requests": 2,
+    "streams": 4,
+    "tokens": 8,
+    "prefix_requests": 2,
+    "prompt_tokens": 200,
+    "json": ROOT / ".pagoda-dev" / "bench-runtime-smoke.json",
+}
 
 
 def pct(values: list[float], q: float) -> float:
@@ -53,7 +67,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, body: dict[str, object
     return first, tokens
 
 
-async def throughput(server: Server, streams: int = 32, tokens: int = 64) -> float:
+async def throughput(server: Server | Given, streams: int = 32, tokens: int = 64) -> float:
     body = {
         "model": "tiny",
         "prompt": "Benchmark",
@@ -70,7 +84,9 @@ async def throughput(server: Server, streams: int = 32, tokens: int = 64) -> flo
     return sum(t for _, t in results) / wall
 
 
-async def ttfts(server: Server, n: int, messages: list[list[dict[str, str]]] | None = None) -> list[float]:
+async def ttfts(
+    server: Server | Given, n: int, messages: list[list[dict[str, str]]] | None = None
+) -> list[float]:
     out = []
     async with httpx.AsyncClient(timeout=120) as client:
         for i in range(n):
@@ -103,8 +119,17 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--ttft-requests", type=int, default=25)
-    opts = parser.parse_args()
-    work, model = prepare("pagoda-bench-")
+    parser.add_argument("--streams", type=int, default=32, help="concurrent streams of a throughput round")
+    parser.add_argument("--tokens", type=int, default=64, help="tokens per stream")
+    parser.add_argument("--prefix-requests", type=int, default=20, help="chat requests per prefix-cache side")
+    parser.add_argument("--prompt-tokens", type=int, default=1000, help="the shared system prompt's length")
+    parser.add_argument(
+        "--json", type=Path, default=ROOT / ".pagoda-dev" / "bench-runtime.json", help="the raw numbers"
+    )
+    opts = smoke_options(parser, SMOKE)
+    smoke = Smoke.of(opts, {"startup_s": ALREADY_RUNNING})
+    # The tiny model's tokenizer sizes the system prompt; a smoke run starts no server, so no warm-up either.
+    work, model = prepare("pagoda-bench-", warm=smoke is None)
 
     def pagoda(port: int, *flags: str) -> list[str]:
         head = [str(BIN / "pagoda-runtime"), "serve", "--model", f"file://{model}", "--served-model-name"]
@@ -124,39 +149,46 @@ def main() -> int:
     plain_argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     plain_argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", "18402", *ENGINE_FLAGS]
     plain_argv += [*VLLM_ONLY, "--disable-uvicorn-access-log"]
-    servers: list[Server] = []
+    argvs = {
+        "pagoda": (pagoda(18401, "--enable-prefix-caching"), 18401),
+        "vllm": (plain_argv, 18402),
+        "pagoda-nocache": (pagoda(18403, "--no-enable-prefix-caching"), 18403),
+    }
+    servers: list[Server | Given] = []
+
+    def start(name: str) -> Server | Given:
+        """The side's server, ready: started here, or in a smoke run the given one under the side's name."""
+        server = Given(name, opts.smoke_url, opts.smoke_pid) if smoke else Server(name, *argvs[name], work)
+        servers.append(server)
+        server.wait_ready()
+        return server
+
     try:
-        a = Server("pagoda", pagoda(18401, "--enable-prefix-caching"), 18401, work)
-        servers.append(a)
-        a.wait_ready()
-        b = Server("vllm", plain_argv, 18402, work)
-        servers.append(b)
-        b.wait_ready()
+        a = start("pagoda")
+        b = start("vllm")
         results: dict[str, dict[str, list[float]]] = {s.name: {"tps": [], "ttft": []} for s in (a, b)}
         for s in (a, b):  # warm-up
             asyncio.run(throughput(s, 8, 16))
         for i in range(opts.rounds):  # paired rounds, alternating which server goes first
             for s in (a, b) if i % 2 == 0 else (b, a):
-                results[s.name]["tps"].append(asyncio.run(throughput(s)))
+                results[s.name]["tps"].append(asyncio.run(throughput(s, opts.streams, opts.tokens)))
             for s in (a, b) if i % 2 == 0 else (b, a):
                 results[s.name]["ttft"] += asyncio.run(ttfts(s, opts.ttft_requests))
         b.stop()
-        c = Server("pagoda-nocache", pagoda(18403, "--no-enable-prefix-caching"), 18403, work)
-        servers.append(c)
-        c.wait_ready()
-        shared = system_prompt(model)
+        c = start("pagoda-nocache")
+        shared = system_prompt(model, opts.prompt_tokens)
         chats = [[{"role": "system", "content": shared}, {"role": "user", "content": f"Question {i}?"}]
-                 for i in range(20)]  # fmt: skip
+                 for i in range(opts.prefix_requests)]  # fmt: skip
         prefix = {}
         for s in (a, c):
             asyncio.run(ttfts(s, 2, chats))  # the first request fills the cache
-            prefix[s.name] = asyncio.run(ttfts(s, 20, chats))
+            prefix[s.name] = asyncio.run(ttfts(s, opts.prefix_requests, chats))
     finally:
         for s in servers:
             s.stop()
 
     summary = {
-        "startup_s": {s.name: round(s.startup_s, 1) for s in servers},
+        "startup_s": {s.name: round(s.startup_s, 1) for s in servers if s.startup_s is not None},
         "throughput_tok_s": {k: round(statistics.median(v["tps"]), 1) for k, v in results.items()},
         "ttft_p50_ms": {k: round(1000 * pct(v["ttft"], 0.5), 2) for k, v in results.items()},
         "ttft_p99_ms": {k: round(1000 * pct(v["ttft"], 0.99), 2) for k, v in results.items()},
@@ -171,27 +203,32 @@ def main() -> int:
     )
     cache_ratio = pre["pagoda"] / pre["pagoda-nocache"]
     summary["ratios"] = {"throughput": round(ratio, 3), "prefix_cache_ttft": round(cache_ratio, 3)}
-    out = ROOT / ".pagoda-dev" / "bench-runtime.json"
-    out.parent.mkdir(exist_ok=True)
+    if smoke:
+        summary["smoke"] = smoke.report()
+        print(smoke.banner())
+    out = opts.json
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2) + "\n")
     print("| metric | Pagoda runtime | plain vLLM | Pagoda / vLLM |")
     print("|---|---|---|---|")
-    name = f"throughput, 32 streams x 64 tokens (tok/s, median of {opts.rounds})"
+    name = f"throughput, {opts.streams} streams x {opts.tokens} tokens (tok/s, median of {opts.rounds})"
     print(f"| {name} | {t['pagoda']} | {t['vllm']} | {ratio:.3f}x (median of paired rounds) |")
     rounds = summary["throughput_rounds_tok_s"]
     print(f"| throughput per round (tok/s) | {rounds['pagoda']} | {rounds['vllm']} | |")
     print(f"| TTFT p50 (ms) | {p50['pagoda']} | {p50['vllm']} | {p50['pagoda'] - p50['vllm']:+.2f} ms |")
     print(f"| TTFT p99 (ms) | {p99['pagoda']} | {p99['vllm']} | {p99['pagoda'] - p99['vllm']:+.2f} ms |")
     st = summary["startup_s"]
-    # The first start of a run reads vLLM's worker-side files cold; the plain server and the third server
-    # (Pagoda, caching off) both start with one idle server beside them and a warm page cache.
-    warm = st["pagoda-nocache"]
-    print(f"| start-up to ready (s), warm | {warm} | {st['vllm']} | {warm - st['vllm']:+.1f} s |")
-    print(f"| start-up to ready (s), first of the run (cold) | {st['pagoda']} | | |")
+    if st:
+        # The first start of a run reads vLLM's worker-side files cold; the plain server and the third server
+        # (Pagoda, caching off) both start with one idle server beside them and a warm page cache.
+        warm = st["pagoda-nocache"]
+        print(f"| start-up to ready (s), warm | {warm} | {st['vllm']} | {warm - st['vllm']:+.1f} s |")
+        print(f"| start-up to ready (s), first of the run (cold) | {st['pagoda']} | | |")
+    else:
+        print("| start-up to ready (s) | not measured | not measured | |")
     on, off = pre["pagoda"], pre["pagoda-nocache"]
-    print(
-        f"\nPrefix caching, ~1,000-token shared system prompt, TTFT p50: on {on} ms, off {off} ms, ", end=""
-    )
+    what = f"~{opts.prompt_tokens:,}-token shared system prompt"
+    print(f"\nPrefix caching, {what}, TTFT p50: on {on} ms, off {off} ms, ", end="")
     print(f"ratio {cache_ratio:.2f} ({(1 - cache_ratio) * 100:.0f}% lower)")
     print(f"\nRaw numbers: {out}")
     return 0
