@@ -77,9 +77,10 @@ WORDS = (
 ).split()
 
 
-def pct(values: list[float], q: float) -> float:
+def pct(values: list[float], q: float) -> float | None:
+    """The q-quantile of `values` (nearest rank); None when there are none (every request failed)."""
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))] if ordered else None
 
 
 @dataclass
@@ -185,7 +186,7 @@ class Result:
             "tokens_per_s": self.tokens / self.seconds,
             "ttft_p50_s": pct(self.ttft, 0.5),
             "ttft_p99_s": pct(self.ttft, 0.99),
-            "ttft_mean_s": statistics.fmean(self.ttft),
+            "ttft_mean_s": statistics.fmean(self.ttft) if self.ttft else None,
             "prefix_hit_rate": self.hit_rate,
         }
 
@@ -297,8 +298,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The curve, one line per load (the closed loop, then each arrival rate): each side's median over the
     rounds (picker / round-robin), and the median of the per-round throughput ratios with their range."""
 
-    def side(load: str, mode: str, key: str) -> float:
-        return statistics.median(r[key] for r in rows if r["load"] == load and r["mode"] == mode)
+    def side(load: str, mode: str, key: str) -> float | None:
+        """The median over the rounds; None when no round has the value (no request of them succeeded)."""
+        found = [r[key] for r in rows if r["load"] == load and r["mode"] == mode and r[key] is not None]
+        return statistics.median(found) if found else None
 
     lines = [
         "| load | generated tokens/s, picker / round-robin | ratio (range over rounds) | TTFT p50 (s) | "
@@ -319,7 +322,8 @@ def table(rows: list[dict[str, Any]]) -> str:
             ratio = f"**{mid:.2f}x** ({low:.2f}-{high:.2f})"
 
         def pair(key: str, fmt: str, load: str = load) -> str:
-            return f"{fmt.format(side(load, 'picker', key))} / {fmt.format(side(load, 'round-robin', key))}"
+            shown = [side(load, mode, key) for mode in ("picker", "round-robin")]
+            return " / ".join("none" if value is None else fmt.format(value) for value in shown)
 
         failed = sum(r["failed"] for r in rows if r["load"] == load)
         lines.append(

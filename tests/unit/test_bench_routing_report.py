@@ -60,3 +60,12 @@ def test_medians_over_rounds_and_the_ratio_with_its_range() -> None:
 def test_load_rate_reads_the_rows_load() -> None:
     assert bench_routing.load_rate("closed") == 0.0
     assert bench_routing.load_rate("open 7.42/s") == 7.42
+
+
+def test_a_load_where_every_request_failed_is_reported_not_a_crash() -> None:
+    rows = [row("picker", 0, 2.0, 0, [], failed=10), row("round-robin", 0, 2.0, 50, [0.3, 0.5])]
+    assert rows[0]["ttft_p50_s"] is None and rows[0]["ttft_mean_s"] is None
+    (line,) = bench_routing.table(rows).splitlines()[2:]
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[3] == "none / 0.30" and cells[4] == "none / 0.50"
+    assert cells[6] == "10"
