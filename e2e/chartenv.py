@@ -108,13 +108,19 @@ class ChartOperator(OperatorMetrics):
         listed = kubectl_json(self.cluster, "get", "pods", "-n", self.namespace, "-l", OPERATOR_SELECTOR)
         return [p for p in listed["items"] if not p["metadata"].get("deletionTimestamp")]
 
-    def leader(self) -> dict[str, Any] | None:
-        """The pod holding the release's leader Lease (its holderIdentity is `<pod name>_<suffix>`)."""
-        holders = {
-            str((lease.get("spec") or {}).get("holderIdentity") or "").rpartition("_")[0]
+    def holders(self) -> set[str]:
+        """The holderIdentity of the release's leader Lease: `<pod name>_<suffix>`, the suffix new in each
+        operator process, so a leader that exited and came back, or a standby that took over, is another
+        holder."""
+        return {
+            str((lease.get("spec") or {}).get("holderIdentity") or "")
             for lease in kubectl_json(self.cluster, "get", "leases", "-n", self.namespace)["items"]
-        }
-        return next((p for p in self.pods() if p["metadata"]["name"] in holders), None)
+        } - {""}
+
+    def leader(self) -> dict[str, Any] | None:
+        """The pod holding the release's leader Lease."""
+        names = {holder.rpartition("_")[0] for holder in self.holders()}
+        return next((p for p in self.pods() if p["metadata"]["name"] in names), None)
 
     def pod(self) -> dict[str, Any]:
         """The leader's pod (the one that reconciles); waits for one to be elected."""
