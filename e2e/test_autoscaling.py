@@ -48,6 +48,7 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     assert outage.fallback_after is not None and outage.fallback_after < 90, outage.fallback_after
     assert outage.replicas and min(outage.replicas) == MAX_REPLICAS, outage.replicas
     print(f"\nPrometheus hung {outage.seconds:.0f} s; KEDA fell back after {outage.fallback_after:.0f} s")
+    print(f"Scale-out, Prometheus hang, scale-in: completed={load.completed} failed={len(load.failures)}")
     assert load.completed > 50
     # KEDA found Prometheus at the default address, a Service name, through the cluster DNS.
     trigger = get_json(stack.cluster, "scaledobject", NAME, "-n", namespace)["spec"]["triggers"][0]

@@ -203,6 +203,7 @@ def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: s
     finally:
         load.stop()
         ended.stop()
+    print(f"A pod deleted under load: completed={load.completed} failed={len(load.failures)}")
     assert load.failures == [], load.failures
     node = cluster.node
     assert node is not None
