@@ -21,8 +21,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.operator.reconcile import startup
 from pagoda.operator.reconcile.podmemo import PodMemo, at_once, backoff, pod_ready
+from pagoda.operator.reconcile.startup import model_cache_status, record
 from pagoda.runtime.contract import CAPACITY_PATH, HTTP_PORT
 
 Obj = dict[str, Any]
@@ -114,12 +114,12 @@ class CapacityReader:
         return min(answers, key=lambda a: (a["kvCacheTokens"], a["maxConcurrency"]))
 
     def startups(self, pods: list[Obj]) -> list[Obj]:
-        """The start-up records (startup.record) of the Ready pods that have answered (asked in `status`)."""
+        """The start-up records (startup.py's `record`) of the Ready pods that have answered (in `status`)."""
         found = []
         for pod in pods:
             known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
             if pod_ready(pod) and isinstance(known, dict) and known["startup"] is not None:
-                start = startup.record(pod, known["startup"])
+                start = record(pod, known["startup"])
                 if start is not None:
                     found.append(start)
         return found
@@ -133,7 +133,7 @@ class CapacityReader:
             node = (pod.get("spec") or {}).get("nodeName")
             if pod_ready(pod) and node and isinstance(known, dict) and known["modelCache"] is not None:
                 reports.append((str(node), known["modelCache"]))
-        return startup.model_cache_status(reports)
+        return model_cache_status(reports)
 
     def next_ask(self, pods: list[Obj]) -> float | None:
         """Seconds until a Ready pod that has not answered may be asked again (when to repeat the pass);
