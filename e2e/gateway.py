@@ -17,7 +17,8 @@ filter to the picker's gRPC port (TLS without verification: the picker serves a 
 HTTP/2; health-checked with gRPC health), and a route to an ORIGINAL_DST cluster that connects to the pod the
 picker names in `x-gateway-destination-endpoint`. Timeouts are long enough for a request that the picker's
 flow control holds while a replica starts. Each response carries `x-pagoda-upstream`: the pod address Envoy
-sent the request to.
+sent the request to. The config, with what each listener, cluster and filter is for:
+e2e/envoy-bootstrap.yaml.j2.
 
 For a side-by-side comparison (benchmarks/bench_routing.py), `round_robin=` pod addresses adds a second
 listener to the same Envoy (`gateway.round_robin_url`): the same route, timeouts and connection settings to a
@@ -42,6 +43,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
+import jinja2
 import yaml
 
 from e2e.processes import (
@@ -64,10 +66,12 @@ START_TIMEOUT = 180.0
 # Longest a request may take through Envoy, its time in the picker's queue included (the operator's
 # queueTimeoutSeconds defaults to 300 s).
 REQUEST_TIMEOUT = 900.0
-DESTINATION_HEADER = "x-gateway-destination-endpoint"  # set by the picker, read by the ORIGINAL_DST cluster
 UPSTREAM_HEADER = "x-pagoda-upstream"  # added by Envoy to each response: the pod address it connected to
-EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 HEALTH_CLUSTER = "picker_health"
+# Envoy's config, with comments on each listener, cluster and filter; envoy_bootstrap() fills in the values.
+_BOOTSTRAP = jinja2.Environment(
+    undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
+).from_string((Path(__file__).parent / "envoy-bootstrap.yaml.j2").read_text())
 
 
 def envoy_binary() -> Path:
@@ -184,185 +188,23 @@ def envoy_bootstrap(
     round_robin: tuple[int, list[tuple[str, int]]] | None = None,
 ) -> dict[str, Any]:
     """Envoy's static config: GIE's standalone chart's, on loopback, with long timeouts. `round_robin`:
-    (port, pod addresses) for a second listener that sends the same route round-robin over those pods."""
-    seconds = f"{timeout:.0f}s"
-    access_log = {
-        "name": "envoy.access_loggers.stdout",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.access_loggers.stream.v3.StdoutAccessLog",
-            "log_format": {
-                "json_format": {
-                    "start": "%START_TIME%",
-                    "method": "%REQ(:METHOD)%",
-                    "path": "%REQ(:PATH)%",
-                    "code": "%RESPONSE_CODE%",
-                    "flags": "%RESPONSE_FLAGS%",
-                    "details": "%RESPONSE_CODE_DETAILS%",
-                    "upstream": "%UPSTREAM_HOST%",
-                    "ms": "%DURATION%",
-                }
-            },
-        },
-    }
-    ext_proc = {
-        "name": "envoy.filters.http.ext_proc",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
-            "grpc_service": {
-                "envoy_grpc": {"cluster_name": "ext_proc", "authority": f"{picker.service_ip}:{GRPC_PORT}"}
-            },
-            "processing_mode": {
-                "request_header_mode": "SEND",
-                "response_header_mode": "SEND",
-                "request_body_mode": "FULL_DUPLEX_STREAMED",
-                "response_body_mode": "FULL_DUPLEX_STREAMED",
-                "request_trailer_mode": "SEND",
-                "response_trailer_mode": "SEND",
-            },
-            # The picker answers a queued request's headers only once a pod is picked for it.
-            "message_timeout": seconds,
-            "failure_mode_allow": picker.fail_open,
-        },
-    }
-    router = {
-        "name": "envoy.filters.http.router",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router",
-            "suppress_envoy_headers": True,
-        },
-    }
-
-    def listener(name: str, listen: int, cluster: str, filters: list[dict[str, Any]]) -> dict[str, Any]:
-        route = {
-            "match": {"prefix": "/"},
-            "route": {"cluster": cluster, "timeout": seconds, "idle_timeout": seconds},
-            "response_headers_to_add": [
-                {"header": {"key": UPSTREAM_HEADER, "value": "%UPSTREAM_REMOTE_ADDRESS%"}}
-            ],
-        }
-        manager = {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network."
-            "http_connection_manager.v3.HttpConnectionManager",
-            "stat_prefix": name,
-            "stream_idle_timeout": seconds,
-            "access_log": [access_log],
-            "route_config": {
-                "name": "pool",
-                "virtual_hosts": [{"name": "pool", "domains": ["*"], "routes": [route]}],
-            },
-            "http_filters": [*filters, router],
-        }
-        return {
-            "name": name,
-            "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-            "filter_chains": [
-                {
-                    "filters": [
-                        {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
-                    ]
-                }
-            ],
-        }
-
-    many = {"max_connections": 40000, "max_pending_requests": 40000, "max_requests": 40000}
-    # Close idle connections to a pod before the runtime does (its keep-alive is 65 s): reusing one the
-    # runtime has just closed fails the request with a 503 (upstream reset before response).
-    to_pods = {
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "common_http_protocol_options": {"idle_timeout": "30s"},
-            "explicit_http_config": {"http_protocol_options": {}},
-        }
-    }
-    original_destination = {
-        "name": "original_destination",
-        "type": "ORIGINAL_DST",
-        "lb_policy": "CLUSTER_PROVIDED",
-        "connect_timeout": "10s",
-        "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION_HEADER},
-        "circuit_breakers": {"thresholds": [many]},
-        "typed_extension_protocol_options": to_pods,
-    }
-    ext_proc_cluster = {
-        "name": "ext_proc",
-        "type": "STATIC",
-        "lb_policy": "LEAST_REQUEST",
-        "connect_timeout": "10s",
-        "circuit_breakers": {"thresholds": [many]},
-        "typed_extension_protocol_options": {
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}},
-            }
-        },
-        # TLS with no validation context: the picker's certificate is self-signed (as in GIE's chart).
-        "transport_socket": {
-            "name": "envoy.transport_sockets.tls",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext",
-                "common_tls_context": {"alpn_protocols": ["h2"]},
-            },
-        },
-        "load_assignment": _one_endpoint("ext_proc", picker.service_ip, GRPC_PORT),
-    }
-    # Carries no traffic: Envoy's gRPC health check of the picker's health server (plain HTTP/2), which
-    # answers SERVING once the picker has synced its InferencePool. (The ext_proc port itself serves a health
-    # service only with --health-checking, and then always SERVING.)
-    picker_health = {
-        "name": HEALTH_CLUSTER,
-        "type": "STATIC",
-        "connect_timeout": "2s",
-        "typed_extension_protocol_options": ext_proc_cluster["typed_extension_protocol_options"],
-        "health_checks": [
-            {
-                "timeout": "2s",
-                "interval": "1s",
-                "no_traffic_interval": "1s",  # its default, 60 s, would delay the first healthy verdict
-                "unhealthy_threshold": 2,
-                "healthy_threshold": 1,
-                "grpc_health_check": {"service_name": EXT_PROC_SERVICE},
-            }
-        ],
-        "load_assignment": _one_endpoint(HEALTH_CLUSTER, picker.pod_ip, HEALTH_PORT),
-    }
-    listeners = [listener("gateway", port, "original_destination", [ext_proc])]
-    clusters = [original_destination, ext_proc_cluster, picker_health]
-    if round_robin is not None:
-        rr_port, pods = round_robin
-        listeners.append(listener("round_robin", rr_port, "round_robin", []))
-        clusters.append(
-            {
-                "name": "round_robin",
-                "type": "STATIC",
-                "lb_policy": "ROUND_ROBIN",
-                "connect_timeout": "10s",
-                "circuit_breakers": {"thresholds": [many]},
-                "typed_extension_protocol_options": to_pods,
-                "load_assignment": _endpoints("round_robin", pods),
-            }
-        )
-    return {
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {"listeners": listeners, "clusters": clusters},
-    }
-
-
-def _endpoints(cluster: str, addresses: list[tuple[str, int]]) -> dict[str, Any]:
-    return {
-        "cluster_name": cluster,
-        "endpoints": [
-            {
-                "lb_endpoints": [
-                    {"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}}
-                    for ip, port in addresses
-                ]
-            }
-        ],
-    }
-
-
-def _one_endpoint(cluster: str, ip: str, port: int) -> dict[str, Any]:
-    return _endpoints(cluster, [(ip, port)])
+    (port, pod addresses) for a second listener that sends the same route round-robin over those pods.
+    The shape, and what each part is for, is in envoy-bootstrap.yaml.j2; this fills in the values."""
+    round_robin_port, round_robin_pods = round_robin if round_robin is not None else (None, None)
+    text = _BOOTSTRAP.render(
+        port=port,
+        admin_port=admin_port,
+        timeout=f"{timeout:.0f}s",
+        picker=picker,
+        grpc_port=GRPC_PORT,
+        health_port=HEALTH_PORT,
+        upstream_header=UPSTREAM_HEADER,
+        health_cluster=HEALTH_CLUSTER,
+        round_robin_port=round_robin_port,
+        round_robin_pods=round_robin_pods,
+    )
+    bootstrap: dict[str, Any] = yaml.safe_load(text)
+    return bootstrap
 
 
 def picker_healthy_in_envoy(admin_url: str) -> bool:

@@ -1,9 +1,12 @@
-"""The e2e gateway's Envoy config (e2e/gateway.py): Envoy itself accepts it (`--mode validate`), and the
-round-robin listener that benchmarks/bench_routing.py compares against differs from the picker's only in
-the picking: no ext_proc filter, a ROUND_ROBIN cluster of the given pods, the same route and timeouts."""
+"""The e2e gateway's Envoy config (e2e/gateway.py, from e2e/envoy-bootstrap.yaml.j2): Envoy itself accepts
+it (`--mode validate`) with and without the round-robin listener and with either failure mode, the values
+land where they belong, and the round-robin listener that benchmarks/bench_routing.py compares against
+differs from the picker's only in the picking: no ext_proc filter, a ROUND_ROBIN cluster of the given pods,
+the same route and timeouts."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,7 +14,8 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.gateway import Picker, envoy_binary, envoy_bootstrap
+from e2e.gateway import HEALTH_CLUSTER, UPSTREAM_HEADER, Picker, envoy_binary, envoy_bootstrap
+from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT
 
 PICKER = Picker(fail_open=False, service_ip="10.96.0.20", pod_ip="10.244.0.9")
 PODS = [("10.244.0.11", 8000), ("10.244.0.12", 8000), ("10.244.0.13", 8000)]
@@ -28,10 +32,39 @@ def manager(listener: dict[str, Any]) -> dict[str, Any]:
     return dict(listener["filter_chains"][0]["filters"][0]["typed_config"])
 
 
+@pytest.mark.parametrize("fail_open", [False, True], ids=["fail-close", "fail-open"])
 @pytest.mark.parametrize("round_robin", [None, (10002, PODS)], ids=["picker", "picker-and-round-robin"])
-def test_envoy_accepts_the_gateway_config(round_robin: Any, tmp_path: Path) -> None:
-    checked = validate(envoy_bootstrap(10000, 10001, PICKER, round_robin=round_robin), tmp_path)
+def test_envoy_accepts_the_gateway_config(round_robin: Any, fail_open: bool, tmp_path: Path) -> None:
+    picker = dataclasses.replace(PICKER, fail_open=fail_open)
+    checked = validate(envoy_bootstrap(10000, 10001, picker, round_robin=round_robin), tmp_path)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_the_values_land_where_they_belong(fail_open: bool) -> None:
+    picker = dataclasses.replace(PICKER, fail_open=fail_open)
+    bootstrap = envoy_bootstrap(10000, 10001, picker, timeout=42.4)
+    assert bootstrap["admin"]["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 10001}
+    [gateway] = bootstrap["static_resources"]["listeners"]
+    assert gateway["address"]["socket_address"] == {"address": "127.0.0.1", "port_value": 10000}
+    http = manager(gateway)
+    assert http["stream_idle_timeout"] == "42s"
+    route = http["route_config"]["virtual_hosts"][0]["routes"][0]
+    assert route["route"] == {"cluster": "original_destination", "timeout": "42s", "idle_timeout": "42s"}
+    assert route["response_headers_to_add"][0]["header"]["key"] == UPSTREAM_HEADER
+    ext_proc = http["http_filters"][0]["typed_config"]
+    assert ext_proc["grpc_service"]["envoy_grpc"]["authority"] == f"10.96.0.20:{GRPC_PORT}"
+    assert ext_proc["message_timeout"] == "42s"
+    assert ext_proc["failure_mode_allow"] is fail_open
+    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    assert list(clusters) == ["original_destination", "ext_proc", HEALTH_CLUSTER]
+
+    def addresses(cluster: dict[str, Any]) -> list[tuple[str, int]]:
+        endpoints = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+        return [tuple(e["endpoint"]["address"]["socket_address"].values()) for e in endpoints]
+
+    assert addresses(clusters["ext_proc"]) == [("10.96.0.20", GRPC_PORT)]
+    assert addresses(clusters[HEALTH_CLUSTER]) == [("10.244.0.9", HEALTH_PORT)]
 
 
 def test_the_round_robin_listener_differs_only_in_the_picking() -> None:
