@@ -37,7 +37,7 @@ from pathlib import Path
 
 import psutil
 from runtime_vs_vllm import VLLM_ONLY, throughput
-from servers import ALREADY_RUNNING, BIN, ROOT, Given, Server, Smoke, prepare, smoke_options
+from servers import ALREADY_RUNNING, BIN, ROOT, Given, Server, Smoke, prepare, process_tree, smoke_options
 
 sys.path.insert(0, str(ROOT))
 from e2e.processes import sample_engine_env  # noqa: E402
@@ -68,10 +68,10 @@ LABELS = {
 
 def cpu_seconds(server: Server | Given) -> float:
     """CPU seconds of the server's process tree so far: live processes, and the children it reaped."""
-    root = psutil.Process(server.pid)
-    reaped = root.cpu_times()
+    tree = process_tree(server.pid)
+    reaped = tree[0].cpu_times()
     total = reaped.children_user + reaped.children_system
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in tree:
         try:
             times = proc.cpu_times()
         except psutil.NoSuchProcess:
@@ -100,7 +100,7 @@ def measure(server: Server | Given, streams: int = 12, tokens: int = 32) -> dict
         found["tokens_per_s"] = asyncio.run(throughput(server, streams, tokens))
         if server.pid is not None:
             found["cores_under_load"] = (cpu_seconds(server) - before) / (time.perf_counter() - began)
-            found["processes"] = 1 + len(psutil.Process(server.pid).children(recursive=True))
+            found["processes"] = len(process_tree(server.pid))
     finally:
         server.stop()
     return found

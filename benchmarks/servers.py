@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # the venv's bin: pagoda-runtime and its Python
@@ -39,13 +40,16 @@ def prepare(prefix: str, warm: bool = True) -> tuple[Path, Path]:
     return work, model
 
 
+def process_tree(pid: int) -> list[psutil.Process]:
+    """The process `pid` and all its descendants (a server: its API server, EngineCore and workers)."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
 def tree_memory(pid: int) -> tuple[int, int]:
     """(RSS, USS) in bytes, summed over the process tree from `pid`."""
-    import psutil
-
-    root = psutil.Process(pid)
     rss = uss = 0
-    for proc in [root, *root.children(recursive=True)]:
+    for proc in process_tree(pid):
         try:
             info = proc.memory_full_info()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
