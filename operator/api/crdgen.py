@@ -55,6 +55,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Seconds from pod creation to Ready of the replica that started last (status.startup "
         "says where they went).",
     },
+    {
+        "name": "At-SLO",
+        "type": "integer",
+        "jsonPath": ".status.profile.concurrency",
+        "description": "Concurrent requests one replica serves within spec.slo, as its profile measured "
+        "(status.profile).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Status",

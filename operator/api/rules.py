@@ -115,6 +115,9 @@ MSG_LORA_ADAPTERS = (
     "spec.lora.adapters: more adapters than a replica holds (spec.lora.maxCpuLoras, which defaults to "
     "spec.lora.maxLoras)"
 )
+MSG_SLO_STREAMS = (
+    "spec.slo.profile.streams must increase from step to step, each from 1 to 4096 (e.g. [1, 2, 4, 8, 16])"
+)
 MSG_ADAPTER_SERVED_NAME = (
     "spec.lora.adapters[].name must differ from the base model's served name (spec.model.servedName, "
     "or spec.model.uri when it is unset)"
@@ -288,6 +291,21 @@ def validations(rules: list[JsonDict]) -> JsonDict:
     return {"x-kubernetes-validations": [*rules]}
 
 
+# Each step more than the one before, written out for the 12 steps a profile may have: core CEL only (the
+# lists library's isSorted() is the API server's, not every CEL evaluator's).
+SLO_MAX_STEPS = 12
+SLO_PROFILE_RULES = [
+    rule(
+        "!has(self.streams) || ("
+        + " && ".join(
+            f"(size(self.streams) <= {i} || self.streams[{i}] > self.streams[{i - 1}])"
+            for i in range(1, SLO_MAX_STEPS)
+        )
+        + ")",
+        MSG_SLO_STREAMS,
+        ".streams",
+    )
+]
 ENV_RULES = [
     rule(
         "!has(self.value) || !(self.name in [" + ", ".join(f"'{n}'" for n in SECRET_ENV_NAMES) + "])",

@@ -22,6 +22,7 @@ from .rules import (
     validations,
 )
 from .scaling import AutoscalingSpec
+from .slo import SloSpec
 from .workload import (
     DisruptionSpec,
     MonitoringSpec,
@@ -79,6 +80,12 @@ class InferenceServiceSpec(ApiModel):
         description="Route requests through the Gateway API Inference Extension (see docs/routing.md): an "
         "InferencePool of the runtime pods and an endpoint picker (prefix-cache aware, queue and KV-cache "
         "aware, holds requests while no replica runs); allows autoscaling.minReplicas 0.",
+    )
+    slo: SloSpec | None = Field(
+        default=None,
+        description="Latency objectives (TTFT and inter-token p95): the operator measures the concurrency "
+        "one replica serves within them with a profile Job and reports it in status.profile (see "
+        "docs/capacity.md).",
     )
     cost: CostSpec | None = Field(
         default=None,

@@ -199,6 +199,49 @@ class ModelCacheStatus(ApiModel):
     nodes: list[NodeModelCache] = Field(max_length=64, description="Per node (at most 64), by name.")
 
 
+class ProfileStep(ApiModel):
+    """One concurrency step of a capacity profile, as GuideLLM measured it."""
+
+    concurrency: int = Field(ge=1, description="Concurrent streams sent.")
+    ttft_p95_ms: float = Field(ge=0, description="Time to first token, 95th percentile (ms).")
+    inter_token_p95_ms: float = Field(ge=0, description="Inter-token latency, 95th percentile (ms).")
+    requests_per_second: float = Field(ge=0, description="Requests completed per second.")
+    output_tokens_per_second: float = Field(ge=0, description="Tokens generated per second.")
+    requests: int = Field(ge=0, description="Requests that completed.")
+    errors: int = Field(ge=0, description="Requests that failed.")
+    meets_slo: bool = Field(description="Both p95s within spec.slo, at most 5% errors.")
+
+
+class ProfileStatus(ApiModel):
+    """The last capacity profile of one replica against spec.slo (docs/capacity.md)."""
+
+    job: str = Field(max_length=63, description="The profile Job (kubectl logs job/<job> shows its run).")
+    state: Literal["Running", "Succeeded", "Failed"] = Field(description="Running, Succeeded or Failed.")
+    concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="The highest concurrency per replica that meets the SLO (counting up the steps to the "
+        "first that misses it); absent when even the first step misses it or no profile finished.",
+    )
+    requests_per_second: float | None = Field(
+        default=None, ge=0, description="Requests per second one replica completes at that concurrency."
+    )
+    output_tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Tokens per second one replica generates at that concurrency."
+    )
+    ttft_ms: float | None = Field(default=None, gt=0, description="The TTFT objective profiled against.")
+    inter_token_ms: float | None = Field(
+        default=None, gt=0, description="The inter-token objective profiled against."
+    )
+    steps: list[ProfileStep] | None = Field(
+        default=None, max_length=16, description="Every step measured, in order (the curve)."
+    )
+    finished_at: str | None = Field(default=None, max_length=64, description="When the Job ended (RFC 3339).")
+    message: str | None = Field(
+        default=None, max_length=4096, description="Why a profile failed (its termination message)."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService."""
 
@@ -240,6 +283,9 @@ class InferenceServiceStatus(ApiModel):
         max_length=64,
         description="Each LoRA adapter of spec.lora: how many Ready replicas serve it (only with spec.lora).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    profile: ProfileStatus | None = Field(
+        default=None, description="The capacity profile against spec.slo (only with spec.slo)."
     )
     adapters_ready: str | None = Field(
         default=None,

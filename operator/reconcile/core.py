@@ -42,6 +42,7 @@ from pagoda.operator.reconcile.problems import (
     secret_names,
     secret_not_found,
 )
+from pagoda.operator.reconcile.profile import PROFILE_KIND, profile_status
 from pagoda.operator.reconcile.scaling import HPA_KIND, hpa_name, scale_event
 from pagoda.operator.reconcile.startup import typical_seconds
 from pagoda.operator.reconcile.status import (
@@ -57,6 +58,7 @@ from pagoda.operator.reconcile.times import parse_time, rfc3339_now
 from pagoda.operator.resources import (
     CHILD_KINDS,
     DEFAULT_RUNTIME_IMAGE,
+    PROFILE_REQUEST_ANNOTATION,
     RestartStamps,
     desired_children,
     selector_string,
@@ -310,6 +312,7 @@ def desired_state(
         management_key,
         trusted_namespaces,
         typical_start=typical_seconds((owner.get("status") or {}).get("startup")),
+        profile_request=(owner["metadata"].get("annotations") or {}).get(PROFILE_REQUEST_ANNOTATION),
     )
     return [with_owner(manifest, owner) for manifest in children]
 
@@ -441,7 +444,7 @@ def check_secrets(p: Pass, desired: list[Obj]) -> None:
 def observe(p: Pass, desired: list[Obj] | None) -> Observed:
     """What the status is computed from: the pass's children, pods and problems, and what the Ready pods
     report of themselves (capacity, start-up, node cache: the pass's only calls here, to pods not asked
-    before; see capacity.py)."""
+    before; see capacity.py), and a finished capacity profile's result (one list of its pods, once)."""
     kept = set()
     if p.capacity is None:  # not asked in this pass: what was reported stands
         kept.add("capacity")
@@ -453,6 +456,12 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
         kept.add("restarts")
     if p.adapters is None:  # not synced in this pass (an invalid spec, or no syncer)
         kept.update(("adapters", "adaptersReady"))
+    profile = None
+    if desired is None:  # an invalid spec: the last profile stands
+        kept.add("profile")
+    else:
+        job = next((p.live.get(child_key(m)) for m in desired if m["kind"] == PROFILE_KIND), None)
+        profile = profile_status(p.kube, p.namespace, job, (p.owner.get("status") or {}).get("profile"))
     return Observed(
         deployment=p.live.get(("Deployment", p.name)),
         pods=p.pods,
@@ -465,6 +474,7 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
         model_cache=model_cache,
         restarts=p.restart.status() if p.restart is not None else None,
         adapters=p.adapters.status if p.adapters is not None else {},
+        profile=profile,
         kept=frozenset(kept),
     )
 

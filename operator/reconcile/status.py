@@ -2,11 +2,11 @@
 
 No I/O. The pass gathers what it saw into an `Observed` (core.observe, the only step that makes calls) and
 `compute_status(owner, observed)` returns the complete status: the conditions (Ready, Progressing,
-Degraded, DisruptionTolerant), the replica counts, and the reports of the replicas and KEDA (autoscaling,
-capacity, startup, modelCache, restarts, adapters). A condition keeps its lastTransitionTime unless its
-status flips. What keeps replicas from being ready (`blocker`: a failing container, an unschedulable pod, pods
-the API server refuses, a stuck rollout) makes the service Degraded and is the Ready condition's reason while
-replicas are missing, so `kubectl get` shows it.
+Degraded, DisruptionTolerant), the replica counts, and the reports of the replicas, KEDA and the capacity
+profile (autoscaling, capacity, startup, modelCache, restarts, adapters, profile). A condition keeps its
+lastTransitionTime unless its status flips. What keeps replicas from being ready (`blocker`: a failing
+container, an unschedulable pod, pods the API server refuses, a stuck rollout) makes the service Degraded and
+is the Ready condition's reason while replicas are missing, so `kubectl get` shows it.
 
 The conditions read the spec as stored (`owner["spec"]`), not the validated model: an invalid spec still gets
 a status, whose messages name the fields as the user wrote them.
@@ -66,6 +66,7 @@ class Observed:
     model_cache: Obj | None = None  # per node, the models in its cache (spec.model.cache.scope Node)
     restarts: Obj | None = None  # the restart schedule's status (restarts.py)
     adapters: Obj = field(default_factory=dict)  # `adapters`, `adaptersReady` from the adapter sync
+    profile: Obj | None = None  # the capacity profile against spec.slo (profile.py)
     kept: frozenset[str] = frozenset()
 
 
@@ -105,6 +106,7 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
         "startup": startup_status(previous_status.get("startup"), observed.startups),
         "modelCache": observed.model_cache,
         "restarts": observed.restarts,
+        "profile": observed.profile,
     }
     status.update({key: value for key, value in reports.items() if value is not None})
     status.update(observed.adapters)
@@ -308,6 +310,7 @@ OPTIONAL_FIELDS = (
     "restarts",
     "adapters",
     "adaptersReady",
+    "profile",
 )
 
 

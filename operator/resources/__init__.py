@@ -14,6 +14,7 @@ from .meta import labels, selector, selector_string, service_url
 from .networkpolicy import network_policies
 from .pdb import pod_disruption_budget
 from .pod import DEFAULT_RUNTIME_IMAGE
+from .profile import PROFILE_REQUEST_ANNOTATION, profile_job
 from .routing import routing_children
 from .scaledobject import scaled_object
 from .service import service
@@ -34,6 +35,8 @@ CHILD_KINDS: list[tuple[str, str, str]] = [
     ("v1", "ConfigMap", "configmaps"),
     ("inference.networking.k8s.io/v1", "InferencePool", "inferencepools"),
     ("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes"),
+    # spec.slo: the capacity profile.
+    ("batch/v1", "Job", "jobs"),
 ]
 
 
@@ -47,6 +50,7 @@ def desired_children(
     management_key: str | None = None,
     trusted_namespaces: Iterable[str] = (),
     typical_start: float | None = None,
+    profile_request: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
@@ -62,6 +66,8 @@ def desired_children(
     spec names (the operator's, Prometheus's; resources/networkpolicy.py). `typical_start`: the service's
     typical cold start in seconds (status.startup.typical): how early a pre-warm window's replicas start, and
     how long the endpoint picker holds a request while no replica runs (unless the spec says).
+    `profile_request`: the owner's pagoda.dev/profile annotation (a new value runs a new capacity profile;
+    resources/profile.py), whose Job comes last, with spec.slo only.
     """
     template = chat_template_text(spec, chat_template)
     # The NetworkPolicies first: the pods are never up without them.
@@ -83,12 +89,15 @@ def desired_children(
         )
     if spec.monitoring.service_monitor.enabled:
         children.append(service_monitor(name, namespace, spec.monitoring.service_monitor))
-    return children + routing_children(name, namespace, spec, typical_start)
+    children += routing_children(name, namespace, spec, typical_start)
+    job = profile_job(name, namespace, spec, default_image, chat_template, profile_request)
+    return children + ([job] if job is not None else [])
 
 
 __all__ = [
     "CHILD_KINDS",
     "DEFAULT_RUNTIME_IMAGE",
+    "PROFILE_REQUEST_ANNOTATION",
     "RestartStamps",
     "desired_children",
     "labels",

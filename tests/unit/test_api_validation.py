@@ -408,6 +408,17 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         None,
     ),
     (
+        "slo-streams-not-increasing",
+        _set("slo.profile.streams", [1, 4, 2]),
+        "spec.slo.profile",
+        r.MSG_SLO_STREAMS,
+    ),
+    ("slo-stream-zero", _set("slo.profile.streams", [0, 1]), "spec.slo.profile.streams[0]", None),
+    ("slo-ttft-zero", _set("slo.ttftMs", 0), "spec.slo.ttftMs", None),
+    ("slo-without-inter-token", _set("slo", {"ttftMs": 500}), "spec.slo.interTokenMs", None),
+    ("slo-step-too-short", _set("slo.profile.stepSeconds", 1), "spec.slo.profile.stepSeconds", None),
+    ("slo-prompt-empty", _set("slo.request.promptTokens", 0), "spec.slo.request.promptTokens", None),
+    (
         "prometheus-not-url",
         _set("autoscaling.prometheusAddress", "prometheus:9090"),
         "spec.autoscaling.prometheusAddress",

@@ -1,0 +1,79 @@
+"""spec.slo: the latency a user promises, and how the operator measures what one replica can do within it.
+
+With spec.slo the operator runs a capacity profile (resources/profile.py): a Job that starts one replica's
+runtime with the spec's model, engine and resources and loads it with GuideLLM at rising concurrency
+(`pagoda-runtime profile`, docs/capacity.md). status.profile then holds the highest concurrency per replica
+that meets both objectives, the throughput there and the whole curve. A new profile runs when what the
+replica is made of changes (model, engine, resources, image) or the SLO does, or on request (the
+pagoda.dev/profile annotation).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import ConfigDict, Field, field_validator
+
+from .base import ApiModel
+from .rules import MSG_SLO_STREAMS, SLO_MAX_STEPS, SLO_PROFILE_RULES, validations
+
+DEFAULT_STREAMS = (1, 2, 4, 8, 16)
+Stream = Annotated[int, Field(ge=1, le=4096)]
+
+
+class RequestShape(ApiModel):
+    """The requests the objectives hold for: synthetic prompts and outputs of these lengths."""
+
+    prompt_tokens: int = Field(
+        default=256, ge=1, le=131072, description="Tokens in each prompt (the input length)."
+    )
+    output_tokens: int = Field(
+        default=128, ge=1, le=32768, description="Tokens each request generates (the output length)."
+    )
+
+
+class ProfilePlan(ApiModel):
+    """The concurrency steps of a capacity profile and how long each runs."""
+
+    model_config = ConfigDict(json_schema_extra=validations(SLO_PROFILE_RULES))
+
+    streams: list[Stream] = Field(
+        default_factory=lambda: list(DEFAULT_STREAMS),
+        min_length=1,
+        max_length=SLO_MAX_STEPS,
+        description="Concurrent streams of each step, increasing (e.g. [1, 2, 4, 8, 16]). The profile stops "
+        "counting at the first step that misses the SLO.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    step_seconds: int = Field(
+        default=30, ge=5, le=600, description="How long each step sends requests, in seconds."
+    )
+
+    @field_validator("streams")
+    @classmethod
+    def _increasing(cls, value: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(value, value[1:], strict=False)):
+            raise ValueError(MSG_SLO_STREAMS)
+        return value
+
+    @property
+    def seconds(self) -> int:
+        """The load's length: every step, at most."""
+        return len(self.streams) * self.step_seconds
+
+
+class SloSpec(ApiModel):
+    """Latency objectives at the 95th percentile, for requests of `request`'s shape."""
+
+    ttft_ms: float = Field(
+        gt=0, le=600_000, description="Time to first token, 95th percentile, in milliseconds (e.g. 500)."
+    )
+    inter_token_ms: float = Field(
+        gt=0,
+        le=60_000,
+        description="Time between two streamed tokens, 95th percentile, in milliseconds (e.g. 50).",
+    )
+    request: RequestShape = Field(default_factory=RequestShape, description="The request shape.")
+    profile: ProfilePlan = Field(
+        default_factory=ProfilePlan, description="The capacity profile's concurrency steps."
+    )

@@ -1,0 +1,106 @@
+"""status.profile: what the capacity profile Job (resources/profile.py) measured, read once when it ends.
+
+`pagoda-runtime profile` writes its result, one compact JSON object, to the container's termination message;
+the kubelet keeps it in the pod's status (at most 4 KiB). A pass reads it when the Job has finished and the
+status does not yet name that Job as finished: one list of the Job's pods, once per profile. Until then the
+status says Running; a Job that failed or ran past its deadline is Failed, with the runtime's reason (its
+termination message) or the Job controller's.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+
+from pagoda.operator.api.status import ProfileStatus
+from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.resources.meta import CONTAINER_NAME
+
+Obj = dict[str, Any]
+PROFILE_KIND = "Job"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+FINISHED = ("Succeeded", "Failed")
+# What the result's keys are called in status.profile (the rest, `steps`, `concurrency` and the throughput,
+# keep their names).
+RESULT_KEYS = ("concurrency", "requestsPerSecond", "outputTokensPerSecond", "steps")
+
+
+def profile_status(kube: Kube, namespace: str, job: Obj | None, previous: Obj | None) -> Obj | None:
+    """status.profile for the current profile Job (None: no Job, so no profile). `previous`: the status's
+    last status.profile, kept as it is once it reports this Job as finished."""
+    if job is None:
+        return None
+    name = job["metadata"]["name"]
+    if previous and previous.get("job") == name and previous.get("state") in FINISHED:
+        return previous
+    state, finished_at, reason = job_outcome(job)
+    if state == "Running":
+        return {"job": name, "state": "Running"}
+    message = termination_message(kube, namespace, name)
+    status: Obj = {"job": name, "state": state}
+    if finished_at:
+        status["finishedAt"] = finished_at
+    if state == "Failed":
+        status["message"] = message or reason or "the profile Job failed"
+        return _bounded(status)
+    return _bounded({**status, **result_fields(message)})
+
+
+def job_outcome(job: Obj) -> tuple[str, str | None, str | None]:
+    """(Running | Succeeded | Failed, when it ended, the Job controller's reason and message)."""
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("status") != "True":
+            continue
+        if condition.get("type") == "Complete":
+            return "Succeeded", condition.get("lastTransitionTime"), None
+        if condition.get("type") == "Failed":
+            text = f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}".rstrip(": ")
+            return "Failed", condition.get("lastTransitionTime"), text
+    return "Running", None, None
+
+
+def termination_message(kube: Kube, namespace: str, job: str) -> str | None:
+    """The runtime container's termination message in the Job's pod (the newest that has one)."""
+    pods = kube.list("v1", "pods", namespace, f"{JOB_NAME_LABEL}={job}")
+    pods.sort(key=lambda pod: pod["metadata"].get("creationTimestamp") or "", reverse=True)
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:
+            if status.get("name") != CONTAINER_NAME:
+                continue
+            terminated = (status.get("state") or {}).get("terminated") or {}
+            if terminated.get("message"):
+                return str(terminated["message"]).strip()
+    return None
+
+
+def result_fields(message: str | None) -> Obj:
+    """status.profile's measured fields from the runtime's result (runtime/profile.py); a result that is
+    not one makes the profile Failed with what was read."""
+    try:
+        result = json.loads(message or "")
+        if not isinstance(result, dict):
+            raise ValueError("not a JSON object")
+        slo = result.get("slo") or {}
+        fields = {key: result[key] for key in RESULT_KEYS if result.get(key) is not None}
+        fields["ttftMs"], fields["interTokenMs"] = slo["ttftMs"], slo["interTokenMs"]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return {"state": "Failed", "message": f"ProfileResultUnreadable: {exc}: {(message or '')[:512]!r}"}
+    return fields
+
+
+def _bounded(status: Obj) -> Obj:
+    """The status as the CRD's schema admits it: a result out of its bounds is reported, not written."""
+    try:
+        ProfileStatus.model_validate(status)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        return {
+            "job": status["job"],
+            "state": "Failed",
+            **({"finishedAt": status["finishedAt"]} if "finishedAt" in status else {}),
+            "message": f"ProfileResultUnreadable: {where}: {first['msg']}",
+        }
+    return status

@@ -1,0 +1,113 @@
+"""The capacity profile Job (spec.slo): one replica's runtime, loaded by GuideLLM, reporting its curve.
+
+The Job's pod is a replica's pod (pod.pod_template: the same image, model, engine flags, resources, volumes
+and placement) with three differences: the container runs `pagoda-runtime profile` instead of `serve`
+(the runtime starts its own server on 127.0.0.1 and measures it, runtime/profile.py), it carries labels of
+its own (no Service, PDB or status counts it as a replica; no NetworkPolicy needs to admit it, as nothing
+connects to it), and it runs once (restartPolicy Never, no probes, a deadline). The result is the
+container's termination message, which the operator copies into status.profile (reconcile/profile.py).
+
+The Job's name ends in a digest of its pod template: a change of anything the replica is made of or of the
+SLO, or a new value of the pagoda.dev/profile annotation, names a new Job (a Job's template cannot be
+changed), and the operator deletes the old one as a child no longer wanted.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.api.slo import SloSpec
+
+from .meta import content_hash, labels
+from .pod import DEFAULT_RUNTIME_IMAGE, pod_template
+
+# A new value (any text, e.g. a date) asks for a new profile with nothing else changed.
+PROFILE_REQUEST_ANNOTATION = "pagoda.dev/profile"
+PROFILE_LABEL = "pagoda.dev/profile-of"
+PROFILE_APP_NAME = "pagoda-profile"
+NAME_SUFFIX = "-profile-"
+DIGEST_LENGTH = 10
+# A Job's name is also its pods' job-name label value: at most 63 characters.
+MAX_NAME = 63
+# The deadline: the replica's start (its startup budget), the steps, and GuideLLM's own start and warm-up.
+MARGIN_SECONDS = 300
+STEP_OVERHEAD = 1.5
+
+
+def profile_job(
+    name: str,
+    namespace: str,
+    spec: InferenceServiceSpec,
+    default_image: str = DEFAULT_RUNTIME_IMAGE,
+    chat_template: str | None = None,
+    request: str | None = None,
+) -> dict[str, Any] | None:
+    """The profile Job of spec.slo, or None without it. `chat_template`: as for pod_template; `request`:
+    the pagoda.dev/profile annotation's value."""
+    if spec.slo is None:
+        return None
+    template = pod_template(name, spec, default_image, chat_template)
+    pod = template["spec"]
+    pod["restartPolicy"] = "Never"
+    runtime = pod["containers"][0]
+    for key in ("startupProbe", "livenessProbe", "readinessProbe", "lifecycle", "ports"):
+        runtime.pop(key, None)
+    runtime["args"] = profile_args(runtime["args"], spec.slo)
+    template["metadata"]["labels"] = {
+        "app.kubernetes.io/name": PROFILE_APP_NAME,
+        "app.kubernetes.io/instance": name,
+        PROFILE_LABEL: name,
+    }
+    if request:
+        template["metadata"].setdefault("annotations", {})[PROFILE_REQUEST_ANNOTATION] = request
+    digest = content_hash(json.dumps(template, sort_keys=True))[:DIGEST_LENGTH]
+    job: dict[str, Any] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": job_name(name, digest), "namespace": namespace, "labels": labels(name)},
+        "spec": {
+            "backoffLimit": 0,  # a failed profile is reported, not retried: its message says why
+            "activeDeadlineSeconds": deadline_seconds(spec),
+            "template": template,
+        },
+    }
+    return job
+
+
+def job_name(name: str, digest: str) -> str:
+    """`<service>-profile-<digest>`, the service's name cut to fit 63 characters."""
+    return name[: MAX_NAME - len(NAME_SUFFIX) - len(digest)].rstrip("-") + NAME_SUFFIX + digest
+
+
+def profile_args(serve_args: list[str], slo: SloSpec) -> list[str]:
+    """A replica's `serve ...` arguments turned into `profile ...`: the same flags, the server on loopback
+    only (the profile is its one client), then the SLO's flags, then the engine's extra arguments."""
+    args = copy.copy(serve_args)
+    extra: list[str] = []
+    if "--" in args:
+        cut = args.index("--")
+        args, extra = args[:cut], args[cut:]
+    if args[0] != "serve":
+        raise ValueError(f"expected the runtime's serve arguments, got {args[0]!r}")
+    args[0] = "profile"
+    if "--host" in args:
+        args[args.index("--host") + 1] = "127.0.0.1"
+    shape, plan = slo.request, slo.profile
+    args += ["--slo-ttft-ms", _number(slo.ttft_ms), "--slo-itl-ms", _number(slo.inter_token_ms)]
+    args += ["--prompt-tokens", str(shape.prompt_tokens), "--output-tokens", str(shape.output_tokens)]
+    args += ["--streams", ",".join(str(s) for s in plan.streams), "--step-seconds", str(plan.step_seconds)]
+    return args + extra
+
+
+def deadline_seconds(spec: InferenceServiceSpec) -> int:
+    """How long the Job may run before Kubernetes stops it (then status.profile says Failed)."""
+    assert spec.slo is not None
+    load = spec.slo.profile.seconds * STEP_OVERHEAD
+    return int(spec.runtime.startup_timeout_seconds + load + MARGIN_SECONDS)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))

@@ -1,0 +1,197 @@
+"""spec.slo against a real API server and controller manager: the operator starts the capacity profile
+Job, reports it Running, copies the result into status.profile when the Job completes, runs a new Job when
+the SLO changes (deleting the old one) and removes both when spec.slo goes.
+
+Tier 2 has no kubelet that runs the runtime (the real profile runs in e2e/test_capacity_profile.py): here the
+pod's end is written into its status as the kubelet would write it (the container terminated with the
+runtime's result as its termination message), and the real Job controller turns that into the Job's
+Complete condition."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness import OperatorProcess, wait_until
+from isvc import create, get, patch
+from kubernetes import client
+
+from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.reconcile.profile import JOB_NAME_LABEL
+from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.resources.profile import PROFILE_REQUEST_ANNOTATION
+
+SLO = {"ttftMs": 500, "interTokenMs": 50, "profile": {"streams": [1, 2], "stepSeconds": 5}}
+RESULT = {
+    "slo": {"ttftMs": 500.0, "interTokenMs": 50.0},
+    "shape": {"promptTokens": 256, "outputTokens": 128},
+    "concurrency": 1,
+    "requestsPerSecond": 0.8,
+    "outputTokensPerSecond": 102.4,
+    "steps": [
+        {
+            "concurrency": 1,
+            "ttftP95Ms": 210.0,
+            "interTokenP95Ms": 31.0,
+            "requestsPerSecond": 0.8,
+            "outputTokensPerSecond": 102.4,
+            "requests": 4,
+            "errors": 0,
+            "meetsSlo": True,
+        },
+        {
+            "concurrency": 2,
+            "ttftP95Ms": 640.0,
+            "interTokenP95Ms": 44.0,
+            "requestsPerSecond": 1.1,
+            "outputTokensPerSecond": 140.8,
+            "requests": 6,
+            "errors": 0,
+            "meetsSlo": False,
+        },
+    ],
+}
+
+
+def jobs(raw: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
+    return raw.list("batch/v1", "jobs", namespace, f"{OWNER_LABEL}={name}")
+
+
+def profile(kube: client.CustomObjectsApi, name: str, namespace: str) -> dict[str, Any]:
+    return ((get(kube, name, namespace) or {}).get("status") or {}).get("profile") or {}
+
+
+def one_job(raw: Kube, namespace: str, name: str, other_than: str | None = None) -> dict[str, Any]:
+    found: list[dict[str, Any]] = wait_until(
+        lambda: [j for j in jobs(raw, namespace, name) if j["metadata"]["name"] != other_than],
+        "the profile Job",
+        60,
+    )
+    assert len(found) == 1, [j["metadata"]["name"] for j in found]
+    return found[0]
+
+
+def end_pod_as_the_kubelet_would(core: client.CoreV1Api, namespace: str, job: str, message: str) -> None:
+    pod = wait_until(
+        lambda: core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={job}").items,
+        "the Job controller's pod",
+        60,
+    )[0]
+    now = "2026-12-04T12:00:00Z"
+    terminated = {
+        "exitCode": 0,
+        "reason": "Completed",
+        "message": message,
+        "startedAt": now,
+        "finishedAt": now,
+    }
+    status = {
+        "phase": "Succeeded",
+        "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
+        "containerStatuses": [
+            {
+                "name": "runtime",
+                "image": pod.spec.containers[0].image,
+                "imageID": "",
+                "ready": False,
+                "restartCount": 0,
+                "state": {"terminated": terminated},
+            }
+        ],
+    }
+    core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": status})
+
+
+def test_profile_job_lifecycle(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
+) -> None:
+    core = client.CoreV1Api(cluster_api)
+    create(kube, "slo", namespace, replicas=1, slo=SLO)
+    job = one_job(raw, namespace, "slo")
+    name = job["metadata"]["name"]
+    assert (
+        name.startswith("slo-profile-")
+        and job["metadata"]["ownerReferences"][0]["kind"] == "InferenceService"
+    )
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "profile" and args[args.index("--streams") + 1] == "1,2"
+    wait_until(lambda: profile(kube, "slo", namespace) == {"job": name, "state": "Running"}, "Running", 60)
+    # The profile pod is no replica: the Deployment's pods are the only ones the status counts.
+    assert get(kube, "slo", namespace)["status"]["readySummary"].endswith("/1")
+
+    end_pod_as_the_kubelet_would(core, namespace, name, json.dumps(RESULT))
+    done = wait_until(
+        lambda: (p := profile(kube, "slo", namespace)).get("state") == "Succeeded" and p, "Succeeded", 90
+    )
+    assert done["job"] == name and done["concurrency"] == 1 and done["outputTokensPerSecond"] == 102.4
+    assert done["ttftMs"] == 500 and [s["meetsSlo"] for s in done["steps"]] == [True, False]
+    assert done.get("finishedAt")
+
+    # A new SLO: a new Job, the old one deleted, the status Running again.
+    patch(kube, "slo", namespace, {"slo": {**SLO, "ttftMs": 700}})
+    second = one_job(raw, namespace, "slo", other_than=name)["metadata"]["name"]
+    wait_until(
+        lambda: [j["metadata"]["name"] for j in jobs(raw, namespace, "slo")] == [second], "old gone", 60
+    )
+    wait_until(lambda: profile(kube, "slo", namespace).get("job") == second, "the new Job reported", 60)
+
+    # On request: a new annotation value, a new Job.
+    kube.patch_namespaced_custom_object(
+        "pagoda.dev",
+        "v1alpha1",
+        namespace,
+        "inferenceservices",
+        "slo",
+        {"metadata": {"annotations": {PROFILE_REQUEST_ANNOTATION: "again"}}},
+    )
+    third = one_job(raw, namespace, "slo", other_than=second)["metadata"]["name"]
+    assert third != name
+
+    # No SLO: no Job, no status.profile.
+    patch(kube, "slo", namespace, {"slo": None})
+    wait_until(lambda: not jobs(raw, namespace, "slo"), "no profile Job", 60)
+    wait_until(
+        lambda: "profile" not in (get(kube, "slo", namespace) or {}).get("status", {}), "no profile", 60
+    )
+
+
+def test_a_failed_profile_is_reported_with_the_runtimes_reason(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
+) -> None:
+    core = client.CoreV1Api(cluster_api)
+    create(kube, "slofail", namespace, replicas=1, slo=SLO)
+    name = one_job(raw, namespace, "slofail")["metadata"]["name"]
+    pod = wait_until(
+        lambda: core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={name}").items,
+        "the Job controller's pod",
+        60,
+    )[0]
+    terminated = {
+        "exitCode": 1,
+        "reason": "Error",
+        "message": "ServerNotReady: the runtime exited with status 1",
+    }
+    core.patch_namespaced_pod_status(
+        pod.metadata.name,
+        namespace,
+        {
+            "status": {
+                "phase": "Failed",
+                "containerStatuses": [
+                    {
+                        "name": "runtime",
+                        "image": pod.spec.containers[0].image,
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "state": {"terminated": terminated},
+                    }
+                ],
+            }
+        },
+    )
+    failed = wait_until(
+        lambda: (p := profile(kube, "slofail", namespace)).get("state") == "Failed" and p, "Failed", 90
+    )
+    assert failed["message"] == "ServerNotReady: the runtime exited with status 1"
+    assert "concurrency" not in failed

@@ -1,0 +1,114 @@
+"""The capacity profile Job (resources/profile.py): a replica's pod running `pagoda-runtime profile`, named
+by a digest of what it measures, invisible to the service's Service, PDB and status."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.resources import desired_children, selector
+from pagoda.operator.resources.deployment import deployment
+from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.resources.profile import MAX_NAME, profile_args, profile_job
+
+SLO = {"ttftMs": 500, "interTokenMs": 50.5, "request": {"promptTokens": 64, "outputTokens": 16}}
+
+
+def spec_with(llama_spec: dict[str, Any], **changes: Any) -> InferenceServiceSpec:
+    data = copy.deepcopy(llama_spec)
+    data["slo"] = SLO
+    data.update(changes)
+    return InferenceServiceSpec.model_validate(data)
+
+
+def job_of(spec: InferenceServiceSpec, name: str = "llm", request: str | None = None) -> dict[str, Any]:
+    job = profile_job(name, "ns", spec, "runtime:1", request=request)
+    assert job is not None
+    return job
+
+
+def test_no_slo_no_job(llama_spec: dict[str, Any]) -> None:
+    spec = InferenceServiceSpec.model_validate(llama_spec)
+    assert profile_job("llm", "ns", spec) is None
+    assert all(child["kind"] != "Job" for child in desired_children("llm", "ns", spec))
+
+
+def test_the_job_is_the_last_child_and_belongs_to_the_service(llama_spec: dict[str, Any]) -> None:
+    children = desired_children("llm", "ns", spec_with(llama_spec))
+    job = children[-1]
+    assert job["kind"] == "Job" and job["metadata"]["labels"][OWNER_LABEL] == "llm"
+    assert job["spec"]["backoffLimit"] == 0 and job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_its_pod_is_no_replica(llama_spec: dict[str, Any]) -> None:
+    """The Deployment's selector (also the Service's and the PDB's) must not match the profile's pod."""
+    spec = spec_with(llama_spec)
+    pod_labels = job_of(spec)["spec"]["template"]["metadata"]["labels"]
+    assert not set(selector("llm").items()) <= set(pod_labels.items())
+    assert OWNER_LABEL not in pod_labels
+
+
+def test_its_container_is_a_replicas_with_profile_instead_of_serve(llama_spec: dict[str, Any]) -> None:
+    spec = spec_with(llama_spec)
+    replica = deployment("llm", "ns", spec, "runtime:1")["spec"]["template"]["spec"]["containers"][0]
+    profiler = job_of(spec)["spec"]["template"]["spec"]["containers"][0]
+    assert profiler["image"] == replica["image"] and profiler["resources"] == replica["resources"]
+    assert profiler["volumeMounts"] == replica["volumeMounts"] and profiler["env"] == replica["env"]
+    assert not {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle", "ports"} & set(profiler)
+    args = profiler["args"]
+    assert args[0] == "profile" and args[args.index("--host") + 1] == "127.0.0.1"
+    assert args[1 : args.index("--host")] == replica["args"][1 : replica["args"].index("--host")]
+    assert args[args.index("--slo-itl-ms") + 1] == "50.5" and args[args.index("--slo-ttft-ms") + 1] == "500"
+    assert args[args.index("--streams") + 1] == "1,2,4,8,16"
+
+
+def test_engine_extra_args_stay_after_the_profile_flags() -> None:
+    slo = spec_with({**_tiny(), "engine": {"extraArgs": ["--max-num-batched-tokens", "512"]}}).slo
+    assert slo is not None
+    args = profile_args(["serve", "--model", "file:///m", "--", "--max-num-batched-tokens", "512"], slo)
+    assert args[-3:] == ["--", "--max-num-batched-tokens", "512"]
+    assert args.index("--slo-ttft-ms") < args.index("--")
+    with pytest.raises(ValueError, match="serve arguments"):
+        profile_args(["profile", "--model", "file:///m"], slo)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"engine": {"maxModelLen": 4096}},
+        {"slo": {**SLO, "ttftMs": 400}},
+        {"slo": {**SLO, "profile": {"streams": [1, 3]}}},
+        {"runtime": {"image": "runtime:2"}},
+    ],
+)
+def test_what_it_measures_changes_its_name(llama_spec: dict[str, Any], change: dict[str, Any]) -> None:
+    before = job_of(spec_with(llama_spec))["metadata"]["name"]
+    after = job_of(spec_with(llama_spec, **change))["metadata"]["name"]
+    assert before != after and before.startswith("llm-profile-") and after.startswith("llm-profile-")
+
+
+def test_a_request_annotation_asks_for_a_new_profile(llama_spec: dict[str, Any]) -> None:
+    spec = spec_with(llama_spec)
+    names = {job_of(spec, request=value)["metadata"]["name"] for value in (None, "a", "b")}
+    assert len(names) == 3
+    assert job_of(spec, request="a") == job_of(spec, request="a")  # the same spec, the same Job
+
+
+def test_the_name_fits_a_label_value_for_the_longest_service_name(llama_spec: dict[str, Any]) -> None:
+    long_a, long_b = "a" * 62 + "b", "a" * 62 + "c"
+    spec = spec_with(llama_spec)
+    name_a, name_b = job_of(spec, long_a)["metadata"]["name"], job_of(spec, long_b)["metadata"]["name"]
+    assert len(name_a) <= MAX_NAME and len(name_b) <= MAX_NAME and name_a != name_b
+
+
+def test_the_deadline_covers_the_start_and_every_step(llama_spec: dict[str, Any]) -> None:
+    spec = spec_with(llama_spec, slo={**SLO, "profile": {"streams": [1, 2, 4], "stepSeconds": 100}})
+    deadline = job_of(spec)["spec"]["activeDeadlineSeconds"]
+    assert deadline > spec.runtime.startup_timeout_seconds + 300
+
+
+def _tiny() -> dict[str, Any]:
+    return {"model": {"uri": "file:///models/tiny"}, "resources": {"gpu": {"count": 1}}}
