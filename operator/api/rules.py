@@ -70,8 +70,12 @@ MSG_CHAT_TEMPLATE = "spec.engine.chatTemplate: set exactly one of inline and con
 MSG_MIN_MAX = "spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas"
 MSG_KV_TARGET = "spec.autoscaling.kvCacheUsage.targetRatio must be greater than 0 and at most 1"
 MSG_TARGET_IN_FLIGHT = (
-    "spec.autoscaling.targetInFlight is the target of metric InFlight: do not set it with metric QueueDepth "
-    "or together with targetQueueDepth"
+    "spec.autoscaling.targetInFlight is the target of metric InFlight (and metric SLO's until a profile "
+    "measured one): do not set it with metric QueueDepth or together with targetQueueDepth"
+)
+MSG_AUTOSCALING_SLO = (
+    "spec.autoscaling.metric SLO takes its target from the capacity profile of spec.slo: set spec.slo "
+    "(ttftMs and interTokenMs), or choose metric InFlight"
 )
 MSG_TARGET_QUEUE_DEPTH = (
     "spec.autoscaling.targetQueueDepth is the target of metric QueueDepth: with metric InFlight set "
@@ -173,7 +177,7 @@ AUTOSCALING_RULES = [
     rule("!has(self.minReplicas) || self.minReplicas <= self.maxReplicas", MSG_MIN_MAX, ".minReplicas"),
     rule(
         "!has(self.targetInFlight)"
-        " || (has(self.metric) ? self.metric == 'InFlight' : !has(self.targetQueueDepth))",
+        " || (has(self.metric) ? self.metric in ['InFlight', 'SLO'] : !has(self.targetQueueDepth))",
         MSG_TARGET_IN_FLIGHT,
         ".targetInFlight",
     ),
@@ -193,6 +197,12 @@ KV_TRIGGER_RULES = [
 ]
 SPEC_RULES = [
     rule("!(has(self.replicas) && has(self.autoscaling))", MSG_REPLICAS_XOR, ".replicas"),
+    rule(
+        "!has(self.autoscaling) || !has(self.autoscaling.metric) || self.autoscaling.metric != 'SLO'"
+        " || has(self.slo)",
+        MSG_AUTOSCALING_SLO,
+        ".autoscaling.metric",
+    ),
     rule(
         "!has(self.engine) || !has(self.engine.tensorParallelSize)"
         " || self.engine.tensorParallelSize == self.resources.gpu.count",

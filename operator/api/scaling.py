@@ -25,10 +25,12 @@ from .rules import (
     validations,
 )
 
-ScalingMetric = Literal["InFlight", "QueueDepth"]
+ScalingMetric = Literal["InFlight", "QueueDepth", "SLO"]
 MetricsSource = Literal["ServiceMonitor", "External"]
 DEFAULT_TARGET_IN_FLIGHT = 32
 DEFAULT_TARGET_QUEUE_DEPTH = 5
+# metric SLO: the target is this share of the measured concurrency at the SLO (20% headroom for bursts).
+DEFAULT_SLO_TARGET_RATIO = 0.8
 Weekday = Literal["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"]
 WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
 # Warm-up before a schedule window when the spec sets none and no start has been measured yet.
@@ -105,16 +107,27 @@ class AutoscalingSpec(ApiModel):
         description="What the main trigger measures, per replica: InFlight, the requests the engine is "
         f"running plus those waiting ({RUNNING_REQUESTS_METRIC} + {QUEUE_DEPTH_METRIC}), or QueueDepth, the "
         f"waiting ones only ({QUEUE_DEPTH_METRIC}; with continuous batching it rises only once the batch, "
-        "engine.maxNumSeqs, is full, after latency has already grown). Default: InFlight, or QueueDepth "
-        "when only targetQueueDepth is set.",
+        "engine.maxNumSeqs, is full, after latency has already grown), or SLO: in-flight requests with the "
+        "target taken from the capacity profile (sloTargetRatio of status.profile.concurrency; needs "
+        "spec.slo, and until a profile has measured one, targetInFlight or its default). Default: "
+        "InFlight, or QueueDepth when only targetQueueDepth is set.",
     )
     target_in_flight: int | None = Field(
         default=None,
         ge=1,
         le=100_000,
-        description="In-flight requests (running + waiting) per replica to aim for, with metric InFlight. "
-        f"Default: {DEFAULT_TARGET_IN_FLIGHT}. Set it at or a little below the concurrency that still meets "
-        "your latency goal; above engine.maxNumSeqs the excess waits in the queue.",
+        description="In-flight requests (running + waiting) per replica to aim for, with metric InFlight "
+        f"(with metric SLO, until a profile has measured the capacity). Default: {DEFAULT_TARGET_IN_FLIGHT}. "
+        "Set it at or a little below the concurrency that still meets your latency goal (metric SLO "
+        "measures that for you); above engine.maxNumSeqs the excess waits in the queue.",
+    )
+    slo_target_ratio: float = Field(
+        default=DEFAULT_SLO_TARGET_RATIO,
+        gt=0,
+        le=1,
+        description="With metric SLO: the in-flight target per replica as a fraction of the concurrency "
+        "the profile measured within spec.slo (rounded down, at least 1), the headroom that absorbs a "
+        f"burst while a new replica starts. Default: {DEFAULT_SLO_TARGET_RATIO}.",
     )
     target_queue_depth: int | None = Field(
         default=None,
@@ -170,7 +183,7 @@ class AutoscalingSpec(ApiModel):
         if self.min_replicas > self.max_replicas:
             raise ValueError(MSG_MIN_MAX)
         in_flight, queue = self.target_in_flight is not None, self.target_queue_depth is not None
-        if in_flight and (self.metric != "InFlight" if self.metric else queue):
+        if in_flight and (self.metric not in ("InFlight", "SLO") if self.metric else queue):
             raise ValueError(MSG_TARGET_IN_FLIGHT)
         if queue and self.metric not in (None, "QueueDepth"):
             raise ValueError(MSG_TARGET_QUEUE_DEPTH)
@@ -186,9 +199,11 @@ class AutoscalingSpec(ApiModel):
             return self.metric
         return "QueueDepth" if self.target_queue_depth is not None else "InFlight"
 
-    @property
-    def target_per_replica(self) -> int:
-        """The per-replica target of the metric in effect."""
-        if self.scaling_metric == "InFlight":
+    def target_per_replica(self, slo_concurrency: int | None = None) -> int:
+        """The per-replica target of the metric in effect; `slo_concurrency`: what the capacity profile
+        measured (status.profile.concurrency), the base of metric SLO's target."""
+        if self.scaling_metric == "SLO" and slo_concurrency is not None:
+            return max(1, int(slo_concurrency * self.slo_target_ratio))
+        if self.scaling_metric in ("InFlight", "SLO"):
             return self.target_in_flight or DEFAULT_TARGET_IN_FLIGHT
         return self.target_queue_depth or DEFAULT_TARGET_QUEUE_DEPTH

@@ -15,6 +15,7 @@ from .routing import RoutingSpec
 from .rules import (
     MSG_ADAPTER_SERVED_NAME,
     MSG_AUTOSCALING_METRICS,
+    MSG_AUTOSCALING_SLO,
     MSG_REPLICAS_XOR,
     MSG_SCALE_FROM_ZERO,
     MSG_TENSOR_PARALLEL,
@@ -97,6 +98,8 @@ class InferenceServiceSpec(ApiModel):
     def _cross_field(self) -> InferenceServiceSpec:
         if self.replicas is not None and self.autoscaling is not None:
             raise ValueError(MSG_REPLICAS_XOR)
+        if self.autoscaling and self.autoscaling.metric == "SLO" and self.slo is None:
+            raise ValueError(MSG_AUTOSCALING_SLO)
         tp = self.engine.tensor_parallel_size
         if tp is not None and tp != self.resources.gpu.count:
             raise ValueError(MSG_TENSOR_PARALLEL)

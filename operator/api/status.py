@@ -237,6 +237,15 @@ class ProfileStatus(ApiModel):
         default=None, max_length=16, description="Every step measured, in order (the curve)."
     )
     finished_at: str | None = Field(default=None, max_length=64, description="When the Job ended (RFC 3339).")
+    measured_by: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The Job that measured concurrency, throughput and steps: the last that succeeded (a "
+        "new profile that runs or fails leaves them, and metric SLO's target, as they were).",
+    )
+    measured_at: str | None = Field(
+        default=None, max_length=64, description="When that Job ended (RFC 3339)."
+    )
     message: str | None = Field(
         default=None, max_length=4096, description="Why a profile failed (its termination message)."
     )

@@ -42,7 +42,7 @@ from pagoda.operator.reconcile.problems import (
     secret_names,
     secret_not_found,
 )
-from pagoda.operator.reconcile.profile import PROFILE_KIND, profile_status
+from pagoda.operator.reconcile.profile import PROFILE_KIND, measured_concurrency, profile_status
 from pagoda.operator.reconcile.scaling import HPA_KIND, hpa_name, scale_event
 from pagoda.operator.reconcile.startup import typical_seconds
 from pagoda.operator.reconcile.status import (
@@ -302,6 +302,7 @@ def desired_state(
     `management_key`: the operator's public key for the pods (resources/management.py);
     `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py)."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
+    status = owner.get("status") or {}
     children = desired_children(
         name,
         namespace,
@@ -311,8 +312,9 @@ def desired_state(
         chat_template,
         management_key,
         trusted_namespaces,
-        typical_start=typical_seconds((owner.get("status") or {}).get("startup")),
+        typical_start=typical_seconds(status.get("startup")),
         profile_request=(owner["metadata"].get("annotations") or {}).get(PROFILE_REQUEST_ANNOTATION),
+        slo_concurrency=measured_concurrency(status.get("profile")),
     )
     return [with_owner(manifest, owner) for manifest in children]
 

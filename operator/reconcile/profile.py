@@ -22,30 +22,43 @@ Obj = dict[str, Any]
 PROFILE_KIND = "Job"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 FINISHED = ("Succeeded", "Failed")
-# What the result's keys are called in status.profile (the rest, `steps`, `concurrency` and the throughput,
-# keep their names).
+# The runtime's result keys copied as they are (the SLO's two objectives become ttftMs and interTokenMs).
 RESULT_KEYS = ("concurrency", "requestsPerSecond", "outputTokensPerSecond", "steps")
+# What a successful profile measured: kept through later profiles until another succeeds.
+MEASURED = (*RESULT_KEYS, "ttftMs", "interTokenMs", "measuredBy", "measuredAt")
 
 
 def profile_status(kube: Kube, namespace: str, job: Obj | None, previous: Obj | None) -> Obj | None:
     """status.profile for the current profile Job (None: no Job, so no profile). `previous`: the status's
-    last status.profile, kept as it is once it reports this Job as finished."""
+    last status.profile, kept as it is once it reports this Job as finished. The measured fields (MEASURED)
+    are the last successful profile's until another succeeds: a new profile that runs or fails leaves the
+    autoscaler (metric SLO) the target it has, and `measuredBy` names the Job they come from."""
     if job is None:
         return None
     name = job["metadata"]["name"]
     if previous and previous.get("job") == name and previous.get("state") in FINISHED:
         return previous
+    kept = {key: previous[key] for key in MEASURED if previous and key in previous}
     state, finished_at, reason = job_outcome(job)
     if state == "Running":
-        return {"job": name, "state": "Running"}
+        return {"job": name, "state": "Running", **kept}
     message = termination_message(kube, namespace, name)
     status: Obj = {"job": name, "state": state}
     if finished_at:
         status["finishedAt"] = finished_at
     if state == "Failed":
-        status["message"] = message or reason or "the profile Job failed"
-        return _bounded(status)
-    return _bounded({**status, **result_fields(message)})
+        return _bounded({**status, **kept, "message": message or reason or "the profile Job failed"}, kept)
+    fields = result_fields(message)
+    if fields.get("state") == "Failed":
+        return _bounded({**status, **kept, **fields}, kept)
+    measured = {"measuredBy": name, **({"measuredAt": finished_at} if finished_at else {})}
+    return _bounded({**status, **fields, **measured}, kept)
+
+
+def measured_concurrency(profile: Obj | None) -> int | None:
+    """The concurrency per replica the last successful profile measured within the SLO, if any."""
+    value = (profile or {}).get("concurrency")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
 def job_outcome(job: Obj) -> tuple[str, str | None, str | None]:
@@ -90,8 +103,9 @@ def result_fields(message: str | None) -> Obj:
     return fields
 
 
-def _bounded(status: Obj) -> Obj:
-    """The status as the CRD's schema admits it: a result out of its bounds is reported, not written."""
+def _bounded(status: Obj, kept: Obj) -> Obj:
+    """The status as the CRD's schema admits it: a result out of its bounds is reported (with the last
+    measured fields, `kept`), not written."""
     try:
         ProfileStatus.model_validate(status)
     except ValidationError as exc:
@@ -101,6 +115,7 @@ def _bounded(status: Obj) -> Obj:
             "job": status["job"],
             "state": "Failed",
             **({"finishedAt": status["finishedAt"]} if "finishedAt" in status else {}),
+            **kept,
             "message": f"ProfileResultUnreadable: {where}: {first['msg']}",
         }
     return status

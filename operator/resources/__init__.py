@@ -51,6 +51,7 @@ def desired_children(
     trusted_namespaces: Iterable[str] = (),
     typical_start: float | None = None,
     profile_request: str | None = None,
+    slo_concurrency: int | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
@@ -67,7 +68,8 @@ def desired_children(
     typical cold start in seconds (status.startup.typical): how early a pre-warm window's replicas start, and
     how long the endpoint picker holds a request while no replica runs (unless the spec says).
     `profile_request`: the owner's pagoda.dev/profile annotation (a new value runs a new capacity profile;
-    resources/profile.py), whose Job comes last, with spec.slo only.
+    resources/profile.py), whose Job comes last, with spec.slo only. `slo_concurrency`: the concurrency
+    per replica the last profile measured within spec.slo (status.profile), metric SLO's base.
     """
     template = chat_template_text(spec, chat_template)
     # The NetworkPolicies first: the pods are never up without them.
@@ -84,7 +86,12 @@ def desired_children(
     if spec.autoscaling is not None:
         children.append(
             scaled_object(
-                name, namespace, spec.autoscaling, spec.routing is not None, typical_start=typical_start
+                name,
+                namespace,
+                spec.autoscaling,
+                spec.routing is not None,
+                typical_start=typical_start,
+                slo_concurrency=slo_concurrency,
             )
         )
     if spec.monitoring.service_monitor.enabled:

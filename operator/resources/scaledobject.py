@@ -96,8 +96,8 @@ def picker_queue_query(name: str, namespace: str) -> str:
     return f'sum({QUEUE_METRIC}{{namespace="{namespace}",inference_pool="{name}"}})'
 
 
-def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec) -> dict[str, Any]:
-    in_flight = autoscaling.scaling_metric == "InFlight"
+def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec, target: int) -> dict[str, Any]:
+    in_flight = autoscaling.scaling_metric in ("InFlight", "SLO")
     return {
         "type": "prometheus",
         "name": "in-flight" if in_flight else "queue-depth",
@@ -106,7 +106,7 @@ def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec) -> di
         "metadata": {
             "serverAddress": autoscaling.prometheus_address,
             "query": (in_flight_query if in_flight else queue_depth_query)(name, namespace),
-            "threshold": str(autoscaling.target_per_replica),
+            "threshold": str(target),
             "ignoreNullValues": "false",
         },
     }
@@ -118,11 +118,15 @@ def scaled_object(
     autoscaling: AutoscalingSpec,
     routed: bool = False,
     typical_start: float | None = None,
+    slo_concurrency: int | None = None,
 ) -> dict[str, Any]:
     """With `routed` (spec.routing), a second trigger on the picker's queue: requests held there count
     toward the same per-replica target, and one held request starts the first replica (minReplicas 0).
-    `typical_start`: the service's typical cold start in seconds (status.startup), the schedule's warm-up."""
-    triggers: list[dict[str, Any]] = [_load_trigger(name, namespace, autoscaling)]
+    `typical_start`: the service's typical cold start in seconds (status.startup), the schedule's warm-up;
+    `slo_concurrency`: the concurrency its capacity profile measured within spec.slo (status.profile),
+    metric SLO's base."""
+    target = autoscaling.target_per_replica(slo_concurrency)
+    triggers: list[dict[str, Any]] = [_load_trigger(name, namespace, autoscaling, target)]
     if routed:
         triggers.append(
             {
@@ -132,7 +136,7 @@ def scaled_object(
                 "metadata": {
                     "serverAddress": autoscaling.prometheus_address,
                     "query": picker_queue_query(name, namespace),
-                    "threshold": str(autoscaling.target_per_replica),
+                    "threshold": str(target),
                     # Active (0 -> 1) as soon as one request waits; KEDA's default activation is "> 0".
                     "activationThreshold": "0",
                     # The picker exports its queue only while requests wait: no series is an empty queue,

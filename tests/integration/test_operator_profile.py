@@ -195,3 +195,36 @@ def test_a_failed_profile_is_reported_with_the_runtimes_reason(
     )
     assert failed["message"] == "ServerNotReady: the runtime exited with status 1"
     assert "concurrency" not in failed
+
+
+def test_metric_slo_scales_at_a_share_of_the_measured_concurrency(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
+) -> None:
+    """Before a profile: targetInFlight; after one that measured 5 within the SLO: 0.8 x 5 = 4; while a new
+    profile (a new SLO) runs, still 4."""
+    core = client.CoreV1Api(cluster_api)
+    autoscaling = {"minReplicas": 1, "maxReplicas": 3, "metric": "SLO", "targetInFlight": 6}
+    create(
+        kube,
+        "sloscale",
+        namespace,
+        replicas=None,
+        autoscaling=autoscaling,
+        monitoring={"serviceMonitor": {"enabled": True}},
+        slo=SLO,
+    )
+
+    def threshold() -> str | None:
+        scaled = raw.get("keda.sh/v1alpha1", "scaledobjects", namespace, "sloscale")
+        return scaled["spec"]["triggers"][0]["metadata"]["threshold"] if scaled else None
+
+    wait_until(lambda: threshold() == "6", "the fallback target before a profile", 60)
+    name = one_job(raw, namespace, "sloscale")["metadata"]["name"]
+    end_pod_as_the_kubelet_would(core, namespace, name, json.dumps({**RESULT, "concurrency": 5}))
+    wait_until(lambda: threshold() == "4", "0.8 of the measured 5", 90)
+    patch(kube, "sloscale", namespace, {"slo": {**SLO, "ttftMs": 900}})
+    second = one_job(raw, namespace, "sloscale", other_than=name)["metadata"]["name"]
+    wait_until(lambda: profile(kube, "sloscale", namespace).get("job") == second, "the new Job reported", 60)
+    running = profile(kube, "sloscale", namespace)
+    assert running["state"] == "Running" and running["measuredBy"] == name and running["concurrency"] == 5
+    assert threshold() == "4"

@@ -419,6 +419,18 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
     ("slo-step-too-short", _set("slo.profile.stepSeconds", 1), "spec.slo.profile.stepSeconds", None),
     ("slo-prompt-empty", _set("slo.request.promptTokens", 0), "spec.slo.request.promptTokens", None),
     (
+        "autoscaling-slo-without-slo",
+        _set("autoscaling", {"maxReplicas": 4, "metric": "SLO"}),
+        "spec",
+        r.MSG_AUTOSCALING_SLO,
+    ),
+    (
+        "slo-target-ratio-zero",
+        _set("autoscaling", {"maxReplicas": 4, "metric": "SLO", "sloTargetRatio": 0}),
+        "spec.autoscaling.sloTargetRatio",
+        None,
+    ),
+    (
         "prometheus-not-url",
         _set("autoscaling.prometheusAddress", "prometheus:9090"),
         "spec.autoscaling.prometheusAddress",

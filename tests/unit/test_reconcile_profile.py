@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pagoda.operator.reconcile.profile import JOB_NAME_LABEL, profile_status
+from pagoda.operator.reconcile.profile import JOB_NAME_LABEL, measured_concurrency, profile_status
 
 Obj = dict[str, Any]
 JOB = "llm-profile-0123456789"
@@ -96,9 +96,35 @@ def test_read_once_then_kept() -> None:
     assert again == first and len(pods.calls) == 1
 
 
-def test_a_new_job_replaces_the_finished_profile_of_the_old_one() -> None:
-    old = {"job": "llm-profile-old", "state": "Succeeded", "concurrency": 8}
-    assert profile_status(Pods([]), "ns", job(), old) == {"job": JOB, "state": "Running"}
+def test_a_new_profile_keeps_the_last_measurement_until_it_succeeds() -> None:
+    old = {
+        "job": "llm-profile-old",
+        "state": "Succeeded",
+        "concurrency": 8,
+        "ttftMs": 400.0,
+        "interTokenMs": 40.0,
+        "measuredBy": "llm-profile-old",
+        "finishedAt": "2026-12-03T10:00:00Z",
+    }
+    measured = {k: v for k, v in old.items() if k not in ("job", "state", "finishedAt")}
+    running = profile_status(Pods([]), "ns", job(), old)
+    assert running == {"job": JOB, "state": "Running", **measured}
+    failed = profile_status(
+        Pods([pod("ServerNotReady: no")]), "ns", job("Failed", "BackoffLimitExceeded"), running
+    )
+    assert failed is not None and failed["state"] == "Failed" and failed["concurrency"] == 8
+    assert failed["measuredBy"] == "llm-profile-old" and failed["message"] == "ServerNotReady: no"
+    done = profile_status(Pods([pod(json.dumps(RESULT))]), "ns", job("Complete"), running)
+    assert done is not None and done["concurrency"] == 2 and done["measuredBy"] == JOB
+    assert done["ttftMs"] == 500.0 and done["measuredAt"] == "2026-12-04T10:00:00Z"
+
+
+def test_a_success_without_a_passing_step_drops_the_old_concurrency() -> None:
+    old = {"job": "llm-profile-old", "state": "Succeeded", "concurrency": 8, "measuredBy": "llm-profile-old"}
+    result = {**RESULT, "concurrency": None, "requestsPerSecond": None, "outputTokensPerSecond": None}
+    status = profile_status(Pods([pod(json.dumps(result))]), "ns", job("Complete"), old)
+    assert status is not None and "concurrency" not in status and status["measuredBy"] == JOB
+    assert measured_concurrency(status) is None and measured_concurrency(old) == 8
 
 
 def test_no_step_meets_the_slo() -> None:

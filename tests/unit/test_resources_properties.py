@@ -73,9 +73,14 @@ def test_every_variant_keeps_the_properties(example: dict[str, Any]) -> None:
         owner_labels = {k: v for k, v in labels(name).items() if k != "app.kubernetes.io/name"}
         for child in children:
             meta = child["metadata"]
-            # The runtime's children are named like the service; the endpoint picker's (spec.routing) -epp.
-            assert meta["name"] in (name, f"{name}-epp") and meta["namespace"] == "ns-1"
-            expected = labels(name) if meta["name"] == name else owner_labels
+            # The runtime's children are named like the service; the endpoint picker's (spec.routing) -epp;
+            # the capacity profile's Job (spec.slo) -profile-<digest of its template>.
+            if child["kind"] == "Job":
+                assert meta["name"].startswith(f"{name}-profile-")
+            else:
+                assert meta["name"] in (name, f"{name}-epp")
+            assert meta["namespace"] == "ns-1"
+            expected = labels(name) if meta["name"] == name or child["kind"] == "Job" else owner_labels
             assert expected.items() <= meta["labels"].items(), child["kind"]
             assert "ownerReferences" not in meta
         by_kind = _by_kind(children)
@@ -293,3 +298,27 @@ def test_main_trigger_follows_the_metric(
     assert trigger["metricType"] == "AverageValue"  # KEDA divides by the replica count: a per-replica target
     assert trigger["metadata"]["query"] == query
     assert trigger["metadata"]["threshold"] == threshold
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "measured", "threshold"),
+    [
+        ({}, 10, "8"),  # 0.8 of the measured concurrency, rounded down
+        ({"sloTargetRatio": 1}, 10, "10"),
+        ({"sloTargetRatio": 0.5}, 1, "1"),  # never below 1
+        ({}, None, "32"),  # no profile yet: the InFlight default
+        ({"targetInFlight": 6}, None, "6"),  # ... or the user's fallback target
+        ({"targetInFlight": 6}, 20, "16"),  # a measurement wins over the fallback
+    ],
+)
+def test_metric_slo_targets_a_share_of_the_measured_concurrency(
+    llama_spec: dict[str, Any], autoscaling: dict[str, Any], measured: int | None, threshold: str
+) -> None:
+    llama_spec["autoscaling"] = {"maxReplicas": 4, "metric": "SLO", **autoscaling}
+    llama_spec["slo"] = {"ttftMs": 500, "interTokenMs": 50}
+    llama_spec["routing"] = {}
+    spec = InferenceServiceSpec.model_validate(llama_spec)
+    children = desired_children("llama", "team-a", spec, slo_concurrency=measured)
+    load, picker = _by_kind(children)["ScaledObject"]["spec"]["triggers"]
+    assert load["name"] == "in-flight" and load["metadata"]["query"] == IN_FLIGHT_QUERY
+    assert load["metadata"]["threshold"] == picker["metadata"]["threshold"] == threshold
