@@ -28,6 +28,12 @@ TOOLS_STAMP := $(BIN)/.tools-$(TOOLS_HASH)
 # where Go would relink them from its build cache in a minute (make clean leaves it, as Go's caches).
 TOOLS_CACHE := $(HOME)/.cache/pagoda/tools-$(TOOLS_HASH)
 PYTEST      := $(PY) -m pytest -p no:cacheprovider
+# GuideLLM, `pagoda-runtime profile`'s load generator, in a virtual environment of its own: it pins click and
+# multidict lower than the runtime. A .pth file appends .venv's site-packages after its own, so torch and
+# transformers come from .venv (as from the image's system packages in runtime/Dockerfile.cpu). Keyed by
+# the lock's hash: reused while it is current.
+GUIDELLM_DIR   := $(DEV)/guidellm
+GUIDELLM_STAMP := $(GUIDELLM_DIR)/.pagoda-$(shell sha1sum runtime/requirements-profile.lock 2>/dev/null | cut -c1-12)
 
 .PHONY: help
 help: ## List the targets.
@@ -45,6 +51,21 @@ $(VENV_STAMP):
 
 .PHONY: venv
 venv: $(VENV_STAMP) ## Create or update the virtual environment (.venv/).
+
+# Installed before the .pth exists, so that uv sees an empty environment (not .venv's newer click).
+$(GUIDELLM_STAMP): | $(VENV_STAMP)
+	rm -rf $(GUIDELLM_DIR)
+	$(PYTHON_BOOT) -m venv --without-pip $(GUIDELLM_DIR)
+	$(VENV)/bin/uv pip install -q --python $(GUIDELLM_DIR)/bin/python --compile-bytecode --no-deps \
+	  --require-hashes -r runtime/requirements-profile.lock
+	site=$$($(GUIDELLM_DIR)/bin/python -c 'import site; print(site.getsitepackages()[0])'); \
+	$(PY) -c 'import site; print(f"import site; site.addsitedir({site.getsitepackages()[0]!r})")' \
+	  > $$site/pagoda-runtime.pth
+	$(GUIDELLM_DIR)/bin/guidellm --help > /dev/null
+	touch $@
+
+.PHONY: guidellm
+guidellm: $(GUIDELLM_STAMP) ## GuideLLM for `pagoda-runtime profile` in .pagoda-dev/guidellm/ (runtime/requirements-profile.lock).
 
 # On a miss, the last cached build seeds $(BIN) first: build.sh then rebuilds only the steps whose pins changed.
 $(TOOLS_STAMP):
@@ -121,7 +142,7 @@ test-integration: venv tools ## Tier 2: the operator against the real local cont
 	PAGODA_BIN=$(BIN) $(PYTEST) tests/integration
 
 .PHONY: test-runtime
-test-runtime: venv ## Tier 3: the runtime on the real vLLM engine (CPU) and the tiny model.
+test-runtime: venv guidellm ## Tier 3: the runtime on the real vLLM engine (CPU) and the tiny model.
 	$(PYTEST) tests/runtime
 
 .PHONY: test-e2e
@@ -200,7 +221,7 @@ autoscaling-timeline: venv tools packages ## Run the autoscaling scenario on rea
 # from a stand-in python:3.11-slim (mmdebstrap) and a wheelhouse of the hashed lock files; each image is skipped
 # when one with the hash of its inputs is stored (~/.cache/pagoda/buildah). Index: .pagoda-dev/images/index.json.
 .PHONY: lock
-lock: venv ## Regenerate the hashed lock files operator/requirements.lock and runtime/requirements-cpu.lock.
+lock: venv ## Regenerate the hashed lock files: operator/requirements.lock, runtime/requirements-{cpu,profile}.lock.
 	$(PY) -m e2e.images lock
 
 .PHONY: images
