@@ -9,8 +9,9 @@ an InferenceService `ml/tiny` (the runtime's labels) has a known spec.cost; the 
 arithmetic on the token rate the load generator itself measured, within 5%.
 The only panels that cannot get data here are the LoRA adapter panels (LORA_METRICS): the runtime here serves
 the base model only, and the runtime tier (tests/runtime/test_rt_lora.py) checks the counters
-they read, per adapter; and the routing panels (the endpoint picker's metrics), which e2e/test_routing.py and
-e2e/test_scale_from_zero.py check on the real picker.
+they read, per adapter; the routing panels (the endpoint picker's metrics), which e2e/test_routing.py and
+e2e/test_scale_from_zero.py check on the real picker; and the capacity panels (status.profile, which only a
+capacity profile's run fills), which e2e/test_capacity_profile.py checks on a real profile.
 """
 
 from __future__ import annotations
@@ -217,6 +218,8 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, operator: Cha
 LORA_METRICS = ("pagoda_lora_requests_total", "pagoda_lora_generation_tokens_total")
 # The routing panels read the endpoint picker's metrics (spec.routing), which no picker serves here.
 PICKER_METRICS = ("inference_extension_",)
+# The capacity panels read status.profile (spec.slo), which only a capacity profile's run fills.
+PROFILE_METRICS = ("pagoda_inferenceservice_status_profile_",)
 
 
 def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
@@ -229,6 +232,8 @@ def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str
             continue  # no adapter is served here: tests/runtime/test_rt_lora.py checks the counters
         if any(metric in expr for metric in PICKER_METRICS):
             continue  # no picker here: e2e/test_routing.py and test_scale_from_zero.py check these panels
+        if any(metric in expr for metric in PROFILE_METRICS):
+            continue  # no profile ran here: e2e/test_capacity_profile.py checks these panels
         if not result:
             empty.append(f"{title} [{legend}]: {expr}")
         results[(title, legend)] = result

@@ -73,6 +73,9 @@ def test_every_path_is_a_field_of_the_crd(crd_root_schema: dict[str, Any]) -> No
         "pagoda_inferenceservice_spec_cost_api_price_per_million_tokens",
         "pagoda_inferenceservice_status_startup_typical_phase_seconds",
         "pagoda_inferenceservice_status_startup_last_seconds",
+        "pagoda_inferenceservice_status_profile_concurrency",
+        "pagoda_inferenceservice_status_profile_output_tokens_per_second",
+        "pagoda_inferenceservice_status_profile_requests_per_second",
     }
 
 
