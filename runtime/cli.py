@@ -1,5 +1,6 @@
-"""`pagoda-runtime`: `serve` (the runtime); `seed-model-info` (an image's build step, runtime/modelinfo.py);
-`make-tiny-model` and `make-tiny-adapter` (for tests)."""
+"""`pagoda-runtime`: `serve` (the runtime); `profile` (one replica's capacity within a latency SLO,
+runtime/profile.py); `seed-model-info` (an image's build step, runtime/modelinfo.py); `make-tiny-model` and
+`make-tiny-adapter` (for tests)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from types import ModuleType
 
 from pagoda.runtime import signals, sources, termination
 from pagoda.runtime.config import ConfigError, ServeConfig, add_serve_flags, config_from_args
+from pagoda.runtime.profile import add_profile_flags
 
 log = logging.getLogger("pagoda.runtime")
 
@@ -26,6 +28,17 @@ def _parser() -> argparse.ArgumentParser:
         epilog="Arguments after `--` go to vLLM's own engine argument parser verbatim.",
     )
     add_serve_flags(serve)
+    profile = sub.add_parser(
+        "profile",
+        help="measure what one replica can do within a latency SLO (GuideLLM at rising concurrency)",
+        description="Starts `serve` with the same flags (unless --target), loads it with GuideLLM at each "
+        "concurrency of --streams, and writes the highest concurrency whose p95 time to first token and "
+        "inter-token latency meet the SLO, with the whole curve, as JSON to --result and stdout.",
+        epilog="Arguments after `--` go to vLLM's own engine argument parser verbatim, as for serve.",
+        allow_abbrev=False,  # the child serve gets the flags that are not the profile's, spelled in full
+    )
+    add_serve_flags(profile)
+    add_profile_flags(profile)
     seed = sub.add_parser(
         "seed-model-info",
         help="answer vLLM's model-registry inspection for every architecture ahead of time (image builds)",
@@ -89,6 +102,23 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
     return code
 
 
+def _profile(
+    ns: argparse.Namespace, argv: list[str], extra: list[str], parser: argparse.ArgumentParser
+) -> int:
+    """`profile`: its flags and serve's checked as serve checks them (exit 2 naming the flag), then the
+    profile (runtime/profile.py). `argv`: the arguments after the subcommand, before `--`."""
+    from pagoda.runtime import profile
+
+    try:
+        serve = config_from_args(ns, extra)
+        config = profile.profile_config(ns)
+    except ConfigError as exc:
+        path = ns.result or None  # else the termination-message path of the environment
+        termination.write(termination.invalid_config(str(exc)), path)
+        parser.exit(2, f"pagoda-runtime profile: error: {exc}\n")
+    return profile.run(serve, config, argv)
+
+
 def _parse_vllm_args(engine: ModuleType, config: ServeConfig) -> argparse.Namespace:
     """vLLM's parser prints its error and exits 2; its last line also becomes the termination message."""
     captured = io.StringIO()
@@ -116,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     ns = parser.parse_args(argv)
     _setup_logging()
-    if ns.command != "serve" and extra:
+    if ns.command not in ("serve", "profile") and extra:
         parser.error(f"{ns.command} takes no arguments after --")
     if ns.command == "make-tiny-adapter":
         from pagoda.runtime.tinyadapter import TinyAdapterSpec, make_tiny_adapter
@@ -134,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
         make_tiny_model(ns.directory, TinyModelSpec(seed=ns.seed))
         return 0
+    if ns.command == "profile":
+        return _profile(ns, argv[argv.index("profile") + 1 :], extra, parser)
     return _serve(ns, extra, parser)
 
 
