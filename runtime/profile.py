@@ -17,6 +17,7 @@ it: `summarize` reads its JSON report as plain data.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -394,19 +395,37 @@ def run_guidellm(config: ProfileConfig, target: str, model: str, tokenizer: str)
         )
         started = time.monotonic()
         try:
-            done = subprocess.run(cmd, cwd=scratch, env=env, stdout=sys.stderr, timeout=timeout, check=False)
-        except subprocess.TimeoutExpired:
-            raise ProfileFailed(_load_failed(f"GuideLLM did not finish in {timeout:.0f}s")) from None
+            # A session of its own: its worker processes outlive a signal to GuideLLM's main process alone.
+            proc = subprocess.Popen(cmd, cwd=scratch, env=env, stdout=sys.stderr, start_new_session=True)
         except OSError as exc:
             raise ProfileFailed(_load_failed(f"GuideLLM could not start ({exc})")) from None
-        log.info("Finished GuideLLM exit_code=%d seconds=%.1f", done.returncode, time.monotonic() - started)
-        if done.returncode != 0:
-            raise ProfileFailed(_load_failed(f"GuideLLM exited with status {done.returncode}"))
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise ProfileFailed(_load_failed(f"GuideLLM did not finish in {timeout:.0f}s")) from None
+        finally:
+            _stop_group(proc)
+        log.info("Finished GuideLLM exit_code=%d seconds=%.1f", code, time.monotonic() - started)
+        if code != 0:
+            raise ProfileFailed(_load_failed(f"GuideLLM exited with status {code}"))
         try:
             loaded: dict[str, Any] = json.loads(report.read_text())
         except (OSError, ValueError) as exc:
             raise ProfileFailed(_load_failed(f"GuideLLM's report cannot be read ({exc})")) from None
     return loaded
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Ends every process of `proc`'s session (GuideLLM, its manager and workers, which outlive its main
+    process): SIGTERM to a GuideLLM still running, 10 s, then SIGKILL to whatever of the session is left."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10.0)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def _load_failed(what: str) -> termination.Fatal:

@@ -51,7 +51,7 @@ def test_within_a_generous_slo_the_profile_reaches_a_step(
     server: RuntimeProcess, tiny_model: Path, tmp_path: Path
 ) -> None:
     slo = ["--slo-ttft-ms", "60000", "--slo-itl-ms", "10000"]
-    result = profile(server, tiny_model, tmp_path / "result", *slo, "--streams", "1,2", "--step-seconds", "3")
+    result = profile(server, tiny_model, tmp_path / "result", *slo, "--streams", "1,2", "--step-seconds", "2")
     assert result["slo"] == {"ttftMs": 60000.0, "interTokenMs": 10000.0}
     assert result["shape"] == {"promptTokens": 24, "outputTokens": 8}
     steps = result["steps"]
@@ -71,7 +71,7 @@ def test_within_an_impossible_slo_no_step_meets_it(
     server: RuntimeProcess, tiny_model: Path, tmp_path: Path
 ) -> None:
     slo = ["--slo-ttft-ms", "0.001", "--slo-itl-ms", "10000"]
-    result = profile(server, tiny_model, tmp_path / "result", *slo, "--streams", "1,2", "--step-seconds", "1")
+    result = profile(server, tiny_model, tmp_path / "result", *slo, "--streams", "1,2", "--step-seconds", "2")
     assert [step["concurrency"] for step in result["steps"]] == [1, 2]
     assert all(step["requests"] > 0 and step["meetsSlo"] is False for step in result["steps"])
     assert result["concurrency"] is None
