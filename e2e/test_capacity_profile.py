@@ -1,0 +1,157 @@
+"""The capacity profile on the real node (spec.slo, docs/capacity.md): the operator's profile Job starts one
+replica's runtime from the CPU runtime image, `pagoda-runtime profile` loads it with GuideLLM at rising
+concurrency, and status.profile (and kubectl's At-SLO column) reports the curve and the highest concurrency
+within the SLO; with autoscaling.metric SLO, KEDA's HPA then holds the service at the measured point, and a
+load above it scales the service out with no failed request.
+
+The SLO is loose (the tiny model on two shared cores answers in tens of milliseconds), so every step meets it
+and the measured concurrency is the top step's: what is asserted does not depend on the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e import realnode
+from e2e.autoscaling import autoscaled_sample
+from e2e.chartenv import ChartOperator
+from e2e.observability import Load, PrometheusAt, dashboard, panel_queries
+from e2e.processes import wait_until
+from e2e.realpods import get_json, isvc, ready_pods, service_url, wait_condition
+from e2e.stack import Stack
+from pagoda.operator.reconcile.profile import JOB_NAME_LABEL
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+NAME = "tiny"
+STREAMS = [1, 2, 4]
+RATIO = 0.5  # the target: half the measured 4, so that a load of 6 clients asks for the second replica
+SLO = {
+    "ttftMs": 20000,
+    "interTokenMs": 5000,
+    "request": {"promptTokens": 32, "outputTokens": 16},
+    "profile": {"streams": STREAMS, "stepSeconds": 8},
+}
+
+
+GPU_HOUR_PRICE = 2.5
+CAPACITY_PANELS = (
+    "Capacity at the SLO",
+    "Load vs capacity at the SLO",
+    "Replicas needed at the SLO",
+    "Cost per 1M tokens at the SLO",
+)
+
+
+def profiled_sample(namespace: str) -> dict[str, Any]:
+    sample = autoscaled_sample(namespace)
+    sample["spec"]["slo"] = SLO
+    sample["spec"]["cost"] = {"gpuHourPrice": GPU_HOUR_PRICE}
+    sample["spec"]["autoscaling"].update(
+        {"metric": "SLO", "sloTargetRatio": RATIO, "targetInFlight": 8, "maxReplicas": 2}
+    )
+    return sample
+
+
+def hpa_target(stack: Stack, namespace: str) -> str | None:
+    found = stack.cluster.kubectl(
+        "get", "hpa", f"keda-hpa-{NAME}", "-n", namespace, "-o", "json", check=False
+    )
+    if found.returncode != 0:  # KEDA has not made it yet
+        return None
+    metrics = (json.loads(found.stdout).get("spec") or {}).get("metrics") or []
+    return str(metrics[0]["external"]["target"]["averageValue"]) if metrics else None
+
+
+def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
+    stack: Stack, operator: ChartOperator, namespace: str
+) -> None:
+    cluster = stack.cluster
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(profiled_sample(namespace)))
+    wait_condition(cluster, namespace, NAME, "Ready", timeout=600)
+    # Before a profile: targetInFlight, as KEDA's HPA holds it.
+    wait_until(lambda: hpa_target(stack, namespace) == "8", "the HPA at targetInFlight", 120)
+
+    started = time.monotonic()
+    done = wait_until(
+        lambda: (
+            (p := isvc(cluster, namespace, NAME).get("status", {}).get("profile", {})).get("state")
+            in ("Succeeded", "Failed")
+            and p
+        ),
+        "the profile Job to end",
+        timeout=900,
+        interval=2,
+    )
+    print(f"\nThe profile ran {time.monotonic() - started:.0f} s after the service was Ready: {done}")
+    assert done["state"] == "Succeeded", done
+    steps = done["steps"]
+    assert [s["concurrency"] for s in steps] == STREAMS
+    for step in steps:
+        assert step["requests"] > 0 and step["errors"] == 0 and step["meetsSlo"], step
+        assert 0 < step["ttftP95Ms"] < SLO["ttftMs"] and 0 < step["interTokenP95Ms"] < SLO["interTokenMs"]
+        assert step["outputTokensPerSecond"] > 0
+    assert done["concurrency"] == STREAMS[-1] and done["measuredBy"] == done["job"]
+    assert done["requestsPerSecond"] == steps[-1]["requestsPerSecond"]
+    # It ran on the real node, from the runtime image, and exited 0.
+    (pod,) = get_json(cluster, "pods", "-n", namespace, "-l", f"{JOB_NAME_LABEL}={done['job']}")["items"]
+    assert pod["spec"]["nodeName"] == realnode.NODE_NAME and pod["status"]["phase"] == "Succeeded"
+    # kubectl get shows it.
+    header, row = cluster.kubectl("get", "inferenceservice", NAME, "-n", namespace).stdout.splitlines()[:2]
+    column = header.index(" AT-SLO ") + 1  # columns are left-aligned: the value starts where its name does
+    assert row[column:].split()[0] == str(STREAMS[-1]), (header, row)
+
+    # metric SLO: the HPA now holds half the measured 4 per replica; 6 clients ask for 2 replicas.
+    target = str(max(1, int(STREAMS[-1] * RATIO)))
+    wait_until(lambda: hpa_target(stack, namespace) == target, f"the HPA at {target}", 120)
+    load = Load(service_url(cluster, namespace, NAME), NAME, clients=6, max_tokens=32, max_seconds=600)
+    load.start()
+    try:
+        wait_until(lambda: len(ready_pods(cluster, namespace, NAME)) == 2, "a second Ready replica", 600, 2)
+        panels = capacity_panels(stack, namespace)
+    finally:
+        load.stop()
+    print(f"Scaled out at the measured point: completed={load.completed} failed={len(load.failures)}")
+    assert load.failures == [], load.failures[:10]
+    assert load.completed > 0
+    # The dashboard's capacity row, on the same data: kube-state-metrics exports status.profile.
+    print("Capacity panels under load:", {key: round(value, 3) for key, value in panels.items()})
+    assert panels[("Capacity at the SLO", "per replica")] == STREAMS[-1]
+    assert panels[("Replicas needed at the SLO", "needed")] >= 1
+    assert panels[("Load vs capacity at the SLO", "load / capacity")] > 0
+    expected_cost = GPU_HOUR_PRICE / 3600 * 1e6 / done["outputTokensPerSecond"]
+    assert panels[("Cost per 1M tokens at the SLO", "at the SLO (USD)")] == pytest.approx(
+        expected_cost, rel=0.01
+    )
+
+
+def capacity_panels(stack: Stack, namespace: str) -> dict[tuple[str, str], float]:
+    """Each query of the capacity row, once every one has data (kube-state-metrics and the runtime's
+    series scraped): (panel, legend) -> its value."""
+    prometheus = PrometheusAt(stack.prometheus_url)
+    queries = [
+        (title, legend, expr)
+        for title, legend, expr in panel_queries(
+            dashboard("inferenceservice"), {"namespace": namespace, "service": NAME}
+        )
+        if title in CAPACITY_PANELS
+    ]
+    assert {title for title, _, _ in queries} == set(CAPACITY_PANELS)
+
+    def values() -> dict[tuple[str, str], float] | None:
+        found = {}
+        for title, legend, expr in queries:
+            result = prometheus.query(expr)
+            if not result:
+                return None
+            found[(title, legend.replace("{{currency}}", result[0]["metric"].get("currency", "")))] = float(
+                result[0]["value"][1]
+            )
+        return found
+
+    answered: dict[tuple[str, str], float] = wait_until(values, "data in every capacity panel", 120, 2)
+    return answered
