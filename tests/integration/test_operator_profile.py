@@ -71,7 +71,10 @@ def one_job(raw: Kube, namespace: str, name: str, other_than: str | None = None)
     return found[0]
 
 
-def end_pod_as_the_kubelet_would(core: client.CoreV1Api, namespace: str, job: str, message: str) -> None:
+def end_pod_as_the_kubelet_would(
+    core: client.CoreV1Api, namespace: str, job: str, message: str, exit_code: int = 0
+) -> None:
+    """The Job's pod ends, its runtime container terminated with `message` as its termination message."""
     pod = wait_until(
         lambda: core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={job}").items,
         "the Job controller's pod",
@@ -79,25 +82,24 @@ def end_pod_as_the_kubelet_would(core: client.CoreV1Api, namespace: str, job: st
     )[0]
     now = "2026-12-04T12:00:00Z"
     terminated = {
-        "exitCode": 0,
-        "reason": "Completed",
+        "exitCode": exit_code,
+        "reason": "Error" if exit_code else "Completed",
         "message": message,
         "startedAt": now,
         "finishedAt": now,
     }
+    container = {
+        "name": "runtime",
+        "image": pod.spec.containers[0].image,
+        "imageID": "",
+        "ready": False,
+        "restartCount": 0,
+        "state": {"terminated": terminated},
+    }
     status = {
-        "phase": "Succeeded",
+        "phase": "Failed" if exit_code else "Succeeded",
         "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted"}],
-        "containerStatuses": [
-            {
-                "name": "runtime",
-                "image": pod.spec.containers[0].image,
-                "imageID": "",
-                "ready": False,
-                "restartCount": 0,
-                "state": {"terminated": terminated},
-            }
-        ],
+        "containerStatuses": [container],
     }
     core.patch_namespaced_pod_status(pod.metadata.name, namespace, {"status": status})
 
@@ -161,34 +163,8 @@ def test_a_failed_profile_is_reported_with_the_runtimes_reason(
     core = client.CoreV1Api(cluster_api)
     create(kube, "slofail", namespace, replicas=1, slo=SLO)
     name = one_job(raw, namespace, "slofail")["metadata"]["name"]
-    pod = wait_until(
-        lambda: core.list_namespaced_pod(namespace, label_selector=f"{JOB_NAME_LABEL}={name}").items,
-        "the Job controller's pod",
-        60,
-    )[0]
-    terminated = {
-        "exitCode": 1,
-        "reason": "Error",
-        "message": "ServerNotReady: the runtime exited with status 1",
-    }
-    core.patch_namespaced_pod_status(
-        pod.metadata.name,
-        namespace,
-        {
-            "status": {
-                "phase": "Failed",
-                "containerStatuses": [
-                    {
-                        "name": "runtime",
-                        "image": pod.spec.containers[0].image,
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "state": {"terminated": terminated},
-                    }
-                ],
-            }
-        },
+    end_pod_as_the_kubelet_would(
+        core, namespace, name, "ServerNotReady: the runtime exited with status 1", exit_code=1
     )
     failed = wait_until(
         lambda: (p := profile(kube, "slofail", namespace)).get("state") == "Failed" and p, "Failed", 90
