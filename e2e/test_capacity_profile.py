@@ -11,6 +11,7 @@ and the measured concurrency is the top step's: what is asserted does not depend
 from __future__ import annotations
 
 import json
+import math
 import time
 from typing import Any
 
@@ -120,9 +121,17 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
     assert load.completed > 0
     # The dashboard's capacity row, on the same data: kube-state-metrics exports status.profile.
     print("Capacity panels under load:", {key: round(value, 3) for key, value in panels.items()})
-    assert panels[("Capacity at the SLO", "per replica")] == STREAMS[-1]
-    assert panels[("Replicas needed at the SLO", "needed")] >= 1
-    assert panels[("Load vs capacity at the SLO", "load / capacity")] > 0
+    per_replica, in_flight = (
+        panels[("Capacity at the SLO", "per replica")],
+        panels[("Capacity at the SLO", "in flight")],
+    )
+    ready = panels[("Replicas needed at the SLO", "ready")]
+    assert per_replica == STREAMS[-1] and in_flight > 0 and ready >= 1
+    assert panels[("Capacity at the SLO", "all ready replicas")] == per_replica * ready
+    assert panels[("Replicas needed at the SLO", "needed")] == math.ceil(in_flight / per_replica)
+    assert panels[("Load vs capacity at the SLO", "load / capacity")] == pytest.approx(
+        in_flight / (per_replica * ready)
+    )
     expected_cost = GPU_HOUR_PRICE / 3600 * 1e6 / done["outputTokensPerSecond"]
     assert panels[("Cost per 1M tokens at the SLO", "at the SLO (USD)")] == pytest.approx(
         expected_cost, rel=0.01
@@ -130,8 +139,9 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
 
 
 def capacity_panels(stack: Stack, namespace: str) -> dict[tuple[str, str], float]:
-    """Each query of the capacity row, once every one has data (kube-state-metrics and the runtime's
-    series scraped): (panel, legend) -> its value."""
+    """Each query of the capacity row, all evaluated at one instant at which every one has data
+    (kube-state-metrics and the runtime's series scraped) and requests were in flight: (panel, legend) -> its
+    value. (A gauge sampled between two requests of every client would read 0 in flight.)"""
     prometheus = PrometheusAt(stack.prometheus_url)
     queries = [
         (title, legend, expr)
@@ -143,9 +153,9 @@ def capacity_panels(stack: Stack, namespace: str) -> dict[tuple[str, str], float
     assert {title for title, _, _ in queries} == set(CAPACITY_PANELS)
 
     def values() -> dict[tuple[str, str], float] | None:
-        found = {}
+        found, at = {}, time.time() - 1
         for title, legend, expr in queries:
-            result = prometheus.query(expr)
+            result = prometheus.query(expr, at=at)
             if not result:
                 return None
             found[(title, legend.replace("{{currency}}", result[0]["metric"].get("currency", "")))] = float(
@@ -153,5 +163,9 @@ def capacity_panels(stack: Stack, namespace: str) -> dict[tuple[str, str], float
             )
         return found
 
-    answered: dict[tuple[str, str], float] = wait_until(values, "data in every capacity panel", 120, 2)
+    def under_load() -> dict[tuple[str, str], float] | None:
+        found = values()
+        return found if found and found[("Capacity at the SLO", "in flight")] > 0 else None
+
+    answered: dict[tuple[str, str], float] = wait_until(under_load, "every capacity panel under load", 120, 2)
     return answered
