@@ -48,6 +48,13 @@ QUEUE_DEPTH_METRIC = "pagoda_queue_depth"
 RUNNING_REQUESTS_METRIC = "pagoda_running_requests"
 KV_CACHE_USAGE_METRIC = "pagoda_kv_cache_usage_ratio"
 
+# The capacity profile's defaults (spec.slo, `pagoda-runtime profile`): the concurrency steps, the synthetic
+# request shape in tokens, and how long each step runs.
+PROFILE_STREAMS = (1, 2, 4, 8, 16)
+PROFILE_PROMPT_TOKENS = 256
+PROFILE_OUTPUT_TOKENS = 128
+PROFILE_STEP_SECONDS = 30
+
 # Values the spec may give and the runtime accepts (the CRD's enums, the runtime's checks).
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 QUANTIZATIONS = ("awq", "gptq", "fp8")  # the spec adds "none" for no quantization

@@ -42,7 +42,6 @@ from pagoda.runtime.config import ConfigError, ServeConfig
 log = logging.getLogger("pagoda.runtime.profile")
 
 GUIDELLM_ENV = "PAGODA_GUIDELLM"
-DEFAULT_STREAMS = (1, 2, 4, 8, 16)
 MAX_STEPS = 20  # 20 steps of the result stay well under MAX_RESULT_BYTES
 MAX_RESULT_BYTES = 4000  # the kubelet keeps 4096 bytes of a termination message
 MAX_ERROR_RATIO = 0.05  # a step with more errored requests than this misses the SLO
@@ -103,15 +102,27 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     slo = parser.add_argument_group("the SLO (95th percentiles) and the load")
     slo.add_argument("--slo-ttft-ms", required=True, metavar="MS", help="time to first token objective")
     slo.add_argument("--slo-itl-ms", required=True, metavar="MS", help="inter-token latency objective")
-    slo.add_argument("--prompt-tokens", metavar="N", help="tokens in each synthetic prompt (default: 256)")
-    slo.add_argument("--output-tokens", metavar="N", help="tokens each request generates (default: 128)")
+    slo.add_argument(
+        "--prompt-tokens",
+        metavar="N",
+        help=f"tokens in each synthetic prompt (default: {contract.PROFILE_PROMPT_TOKENS})",
+    )
+    slo.add_argument(
+        "--output-tokens",
+        metavar="N",
+        help=f"tokens each request generates (default: {contract.PROFILE_OUTPUT_TOKENS})",
+    )
     slo.add_argument(
         "--streams",
         metavar="N,N,...",
         help="the concurrency of each step, increasing (default: "
-        f"{','.join(map(str, DEFAULT_STREAMS))}; at most {MAX_STEPS} steps)",
+        f"{','.join(map(str, contract.PROFILE_STREAMS))}; at most {MAX_STEPS} steps)",
     )
-    slo.add_argument("--step-seconds", metavar="S", help="how long each step sends requests (default: 30)")
+    slo.add_argument(
+        "--step-seconds",
+        metavar="S",
+        help=f"how long each step sends requests (default: {contract.PROFILE_STEP_SECONDS})",
+    )
     slo.add_argument(
         "--result",
         metavar="PATH",
@@ -150,7 +161,7 @@ def _positive(flag: str, text: str | None, kind: type[int] | type[float], defaul
 def parse_streams(text: str | None) -> tuple[int, ...]:
     """`--streams`: comma-separated positive integers, increasing, at most MAX_STEPS of them."""
     if text is None:
-        return DEFAULT_STREAMS
+        return contract.PROFILE_STREAMS
     try:
         streams = tuple(int(part) for part in text.split(","))
     except ValueError:
@@ -190,10 +201,10 @@ def profile_config(ns: argparse.Namespace) -> ProfileConfig:
 
     ttft = check(_positive, "--slo-ttft-ms", ns.slo_ttft_ms, float, None)
     itl = check(_positive, "--slo-itl-ms", ns.slo_itl_ms, float, None)
-    prompt = check(_positive, "--prompt-tokens", ns.prompt_tokens, int, 256)
-    output = check(_positive, "--output-tokens", ns.output_tokens, int, 128)
+    prompt = check(_positive, "--prompt-tokens", ns.prompt_tokens, int, contract.PROFILE_PROMPT_TOKENS)
+    output = check(_positive, "--output-tokens", ns.output_tokens, int, contract.PROFILE_OUTPUT_TOKENS)
     streams = check(parse_streams, ns.streams)
-    step = check(_positive, "--step-seconds", ns.step_seconds, float, 30.0)
+    step = check(_positive, "--step-seconds", ns.step_seconds, float, float(contract.PROFILE_STEP_SECONDS))
     result = (
         ns.result or os.environ.get(contract.TERMINATION_MESSAGE_ENV) or contract.TERMINATION_MESSAGE_PATH
     )

@@ -26,6 +26,8 @@ from .rules import (
 )
 
 ScalingMetric = Literal["InFlight", "QueueDepth", "SLO"]
+# The metrics that scale on in-flight requests (running + waiting): InFlight, and SLO with a measured target.
+IN_FLIGHT_METRICS: tuple[ScalingMetric, ...] = ("InFlight", "SLO")
 MetricsSource = Literal["ServiceMonitor", "External"]
 DEFAULT_TARGET_IN_FLIGHT = 32
 DEFAULT_TARGET_QUEUE_DEPTH = 5
@@ -183,7 +185,7 @@ class AutoscalingSpec(ApiModel):
         if self.min_replicas > self.max_replicas:
             raise ValueError(MSG_MIN_MAX)
         in_flight, queue = self.target_in_flight is not None, self.target_queue_depth is not None
-        if in_flight and (self.metric not in ("InFlight", "SLO") if self.metric else queue):
+        if in_flight and (self.metric not in IN_FLIGHT_METRICS if self.metric else queue):
             raise ValueError(MSG_TARGET_IN_FLIGHT)
         if queue and self.metric not in (None, "QueueDepth"):
             raise ValueError(MSG_TARGET_QUEUE_DEPTH)
@@ -204,6 +206,6 @@ class AutoscalingSpec(ApiModel):
         measured (status.profile.concurrency), the base of metric SLO's target."""
         if self.scaling_metric == "SLO" and slo_concurrency is not None:
             return max(1, int(slo_concurrency * self.slo_target_ratio))
-        if self.scaling_metric in ("InFlight", "SLO"):
+        if self.scaling_metric in IN_FLIGHT_METRICS:
             return self.target_in_flight or DEFAULT_TARGET_IN_FLIGHT
         return self.target_queue_depth or DEFAULT_TARGET_QUEUE_DEPTH

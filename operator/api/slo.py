@@ -14,10 +14,16 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, field_validator
 
+from pagoda.runtime.contract import (
+    PROFILE_OUTPUT_TOKENS,
+    PROFILE_PROMPT_TOKENS,
+    PROFILE_STEP_SECONDS,
+    PROFILE_STREAMS,
+)
+
 from .base import ApiModel
 from .rules import MSG_SLO_STREAMS, SLO_MAX_STEPS, SLO_PROFILE_RULES, validations
 
-DEFAULT_STREAMS = (1, 2, 4, 8, 16)
 Stream = Annotated[int, Field(ge=1, le=4096)]
 
 
@@ -25,10 +31,16 @@ class RequestShape(ApiModel):
     """The requests the objectives hold for: synthetic prompts and outputs of these lengths."""
 
     prompt_tokens: int = Field(
-        default=256, ge=1, le=131072, description="Tokens in each prompt (the input length)."
+        default=PROFILE_PROMPT_TOKENS,
+        ge=1,
+        le=131072,
+        description="Tokens in each prompt (the input length).",
     )
     output_tokens: int = Field(
-        default=128, ge=1, le=32768, description="Tokens each request generates (the output length)."
+        default=PROFILE_OUTPUT_TOKENS,
+        ge=1,
+        le=32768,
+        description="Tokens each request generates (the output length).",
     )
 
 
@@ -38,7 +50,7 @@ class ProfilePlan(ApiModel):
     model_config = ConfigDict(json_schema_extra=validations(SLO_PROFILE_RULES))
 
     streams: list[Stream] = Field(
-        default_factory=lambda: list(DEFAULT_STREAMS),
+        default_factory=lambda: list(PROFILE_STREAMS),
         min_length=1,
         max_length=SLO_MAX_STEPS,
         description="Concurrent streams of each step, increasing (e.g. [1, 2, 4, 8, 16]). The profile stops "
@@ -46,7 +58,10 @@ class ProfilePlan(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     step_seconds: int = Field(
-        default=30, ge=5, le=600, description="How long each step sends requests, in seconds."
+        default=PROFILE_STEP_SECONDS,
+        ge=5,
+        le=600,
+        description="How long each step sends requests, in seconds.",
     )
 
     @field_validator("streams")

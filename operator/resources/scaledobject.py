@@ -19,7 +19,7 @@ import math
 from typing import Any
 
 from pagoda.operator.api import AutoscalingSpec, WarmWindow
-from pagoda.operator.api.scaling import DEFAULT_WARM_UP_SECONDS, WEEKDAYS
+from pagoda.operator.api.scaling import DEFAULT_WARM_UP_SECONDS, IN_FLIGHT_METRICS, WEEKDAYS
 from pagoda.runtime.contract import (
     KV_CACHE_USAGE_METRIC,
     QUEUE_DEPTH_METRIC,
@@ -97,7 +97,7 @@ def picker_queue_query(name: str, namespace: str) -> str:
 
 
 def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec, target: int) -> dict[str, Any]:
-    in_flight = autoscaling.scaling_metric in ("InFlight", "SLO")
+    in_flight = autoscaling.scaling_metric in IN_FLIGHT_METRICS
     return {
         "type": "prometheus",
         "name": "in-flight" if in_flight else "queue-depth",
