@@ -43,6 +43,7 @@ class ServeConfig(BaseModel):
     block_size: int | None = None
     enable_prefix_caching: bool | None = None
     max_num_seqs: int | None = Field(default=None, ge=1, le=65_536)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, le=10_000_000)
     chat_template: str | None = Field(default=None, min_length=1)  # a file, or the template itself
     enable_lora: bool = False
     max_loras: int | None = Field(default=None, ge=1, le=1024)
@@ -195,7 +196,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     prefix.add_argument(
         "--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_const", const=False
     )
-    parser.add_argument("--max-num-seqs")
+    parser.add_argument("--max-num-seqs", help="sequences in one engine step (vLLM's default when unset)")
+    parser.add_argument(
+        "--max-num-batched-tokens",
+        help="tokens in one engine step, prefill chunks and decodes together (vLLM's default when unset)",
+    )
     parser.add_argument(
         "--chat-template",
         metavar="FILE|TEMPLATE",

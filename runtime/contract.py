@@ -54,6 +54,9 @@ PROFILE_STREAMS = (1, 2, 4, 8, 16)
 PROFILE_PROMPT_TOKENS = 256
 PROFILE_OUTPUT_TOKENS = 128
 PROFILE_STEP_SECONDS = 30
+# Engine tuning (`profile --tune-engine`, spec.slo.tuneEngine): the most servers one profile starts and
+# measures, the spec's own engine settings first, then candidates for the batch settings it leaves unset.
+TUNE_MAX_RUNS = 6
 
 # Values the spec may give and the runtime accepts (the CRD's enums, the runtime's checks).
 DTYPES = ("auto", "float16", "bfloat16", "float32")

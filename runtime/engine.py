@@ -68,6 +68,7 @@ def vllm_argv(config: ServeConfig, model_path: str) -> list[str]:
         "--max-model-len": config.max_model_len,
         "--block-size": config.block_size,
         "--max-num-seqs": config.max_num_seqs,
+        "--max-num-batched-tokens": config.max_num_batched_tokens,
         "--chat-template": config.chat_template,
     }
     for flag, value in optional.items():
