@@ -209,6 +209,10 @@ package-model: venv ## Pack a model folder as an OCI image and push it: make pac
 bench-coldstart: venv tools ## Cold start: first start vs a node-cache hit, 1.1 GB model from MinIO over a 1 Gbit/s link (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/coldstart.py
 
+.PHONY: bench-slo
+bench-slo: venv guidellm ## Goodput at the SLO: the engine settings profile --tune-engine chooses vs vLLM's defaults (docs/benchmarks.md).
+	$(PY) benchmarks/bench_slo.py
+
 .PHONY: bench-routing
 bench-routing: venv tools packages images ## Routing benchmark: GIE's endpoint picker vs round-robin through one Envoy, 3 real replicas (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_routing.py

@@ -9,6 +9,10 @@ tokens, at each concurrency of `--streams` for `--step-seconds`, with the model'
 hub). It then stops the server and writes a compact JSON result (`summarize`) to `--result` (the container's
 termination message, which the operator copies into status.profile) and to stdout as one line.
 
+With `--tune-engine` it profiles more servers, each restarted with other batch settings for the ones the
+flags leave unset (runtime/tune.py), and the result is the best's, with an `engine` key saying what was
+tried, what won and its goodput against the replica's own settings.
+
 GuideLLM lives in a virtual environment of its own (it pins click and multidict lower than the runtime):
 `--guidellm`, else `PAGODA_GUIDELLM` (the images set it), else `guidellm` on PATH. This module never imports
 it: `summarize` reads its JSON report as plain data.
@@ -36,7 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from pagoda.runtime import contract, termination
+from pagoda.runtime import contract, termination, tune
 from pagoda.runtime.config import ConfigError, ServeConfig
 
 log = logging.getLogger("pagoda.runtime.profile")
@@ -62,7 +66,9 @@ PROFILE_FLAGS = (
     "--target",
     "--tokenizer",
     "--guidellm",
+    "--tune-max-runs",
 )
+PROFILE_SWITCHES = ("--tune-engine",)  # the profile's flags without a value
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,8 @@ class ProfileConfig:
     target: str | None
     tokenizer: str | None
     guidellm: str
+    tune_engine: bool = False
+    tune_max_runs: int = contract.TUNE_MAX_RUNS
 
 
 class ProfileFailed(Exception):
@@ -142,6 +150,19 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
     )
     slo.add_argument(
         "--guidellm", metavar="PATH", help=f"GuideLLM's executable (default: ${GUIDELLM_ENV}, else on PATH)"
+    )
+    slo.add_argument(
+        "--tune-engine",
+        action="store_true",
+        help="also profile servers restarted with other batch settings (--max-num-batched-tokens, "
+        "--max-num-seqs, those not given) and report the best (runtime/tune.py); at most "
+        "--tune-max-runs servers in all",
+    )
+    slo.add_argument(
+        "--tune-max-runs",
+        metavar="N",
+        help=f"the most servers --tune-engine profiles, the replica's own settings first (default: "
+        f"{contract.TUNE_MAX_RUNS}, at least 2)",
     )
 
 
@@ -212,11 +233,18 @@ def profile_config(ns: argparse.Namespace) -> ProfileConfig:
         problems.append(f"--result: the folder of {result!r} does not exist")
     if ns.target is not None and not ns.target.startswith(("http://", "https://")):
         problems.append(f"--target: must be an http:// or https:// URL (got {ns.target!r})")
+    if ns.target is not None and ns.tune_engine:
+        problems.append("--tune-engine: restarts the server it profiles, so it cannot be used with --target")
     if ns.target is not None and ns.tokenizer is None:
         problems.append("--tokenizer: required with --target (the folder of the served model's tokenizer)")
     if ns.tokenizer is not None and not os.path.isdir(ns.tokenizer):
         problems.append(f"--tokenizer: {ns.tokenizer!r} is not a folder")
     guidellm = check(_guidellm, ns.guidellm)
+    runs = check(_positive, "--tune-max-runs", ns.tune_max_runs, int, contract.TUNE_MAX_RUNS)
+    if runs is not None and runs < 2:
+        problems.append(
+            f"--tune-max-runs: must be at least 2, the replica's settings and a candidate (got {runs})"
+        )
     if problems:
         raise ConfigError("; ".join(problems))
     return ProfileConfig(
@@ -229,6 +257,8 @@ def profile_config(ns: argparse.Namespace) -> ProfileConfig:
         target=ns.target.rstrip("/") if ns.target else None,
         tokenizer=os.path.abspath(ns.tokenizer) if ns.tokenizer else None,
         guidellm=guidellm,
+        tune_engine=bool(ns.tune_engine),
+        tune_max_runs=runs,
     )
 
 
@@ -242,6 +272,8 @@ def serve_argv(argv: Sequence[str]) -> list[str]:
             skip = False
         elif arg in PROFILE_FLAGS:
             skip = True
+        elif arg in PROFILE_SWITCHES:
+            continue
         elif arg.split("=", 1)[0] not in PROFILE_FLAGS:
             out.append(arg)
     return out
@@ -330,8 +362,14 @@ def summarize(report: Mapping[str, Any], slo: Slo, prompt_tokens: int, output_to
         "outputTokensPerSecond": chosen["outputTokensPerSecond"] if chosen else None,
         "steps": steps,
     }
+    return fit(result)
+
+
+def fit(result: dict[str, Any]) -> dict[str, Any]:
+    """`result` with the last steps left out while its JSON exceeds MAX_RESULT_BYTES (never with MAX_STEPS
+    steps and the engine's candidates; the capacity and the choice are outside the steps anyway)."""
     while len(result_json(result)) > MAX_RESULT_BYTES and len(result["steps"]) > 1:
-        result["steps"] = result["steps"][:-1]  # never with MAX_STEPS steps; the choice is above anyway
+        result["steps"] = result["steps"][:-1]
     return result
 
 
@@ -528,23 +566,83 @@ def _tokenizer_dir(serve: ServeConfig) -> str:
 
 
 def measure(serve: ServeConfig, config: ProfileConfig, argv: Sequence[str]) -> dict[str, Any]:
-    """The profile's result: against `config.target`, or against a child server started with `argv`."""
+    """The profile's result: against `config.target`, or against a child server started with `argv`
+    (and, with --tune-engine, the best of several: `tune_engine`)."""
     if config.target is not None:
         assert config.tokenizer is not None
         report = run_guidellm(config, config.target, serve.name, config.tokenizer)
         return _summary(report, config)
+    if config.tune_engine:
+        return tune_engine(serve, config, argv)
+    return dict(profile_server(serve, config, argv, tune.Batch()).result or {})
+
+
+def profile_server(
+    serve: ServeConfig, config: ProfileConfig, argv: Sequence[str], batch: tune.Batch
+) -> tune.Run:
+    """Starts `serve` with `argv` and `batch`'s flags, profiles it and stops it. ProfileFailed when the
+    server does not start or the load fails."""
     with tempfile.TemporaryDirectory(prefix="pagoda-profile-serve-") as scratch:
         message = Path(scratch) / "termination-log"
-        child = start_server(serve_argv(argv), serve.extra_args, message)
+        child = start_server([*serve_argv(argv), *batch.flags()], serve.extra_args, message)
         try:
             url = _local_url(serve)
             wait_ready(child, url, message, READY_TIMEOUT_S)
-            log.info("Server ready url=%s", url)
+            limits = batch_limits(url)
+            log.info("Server ready url=%s limits=%s", url, limits)
             tokenizer = config.tokenizer or _tokenizer_dir(serve)
             report = run_guidellm(config, url, serve.name, tokenizer)
         finally:
             stop_server(child)
-    return _summary(report, config)
+    return tune.Run(batch, limits, _summary(report, config))
+
+
+def tune_engine(serve: ServeConfig, config: ProfileConfig, argv: Sequence[str]) -> dict[str, Any]:
+    """The replica's own settings profiled first (the baseline: its failure is the profile's), then the
+    token budgets and batch widths tune.py proposes, each a server of its own (one that fails is reported
+    and skipped); the result is the chosen run's, with `engine` (tune.engine_result)."""
+    free = tune.tunable(serve)
+    runs = [profile_server(serve, config, argv, tune.Batch())]
+    for batch in tune.budget_candidates(runs[0], free)[: config.tune_max_runs - 1]:
+        runs.append(_candidate(serve, config, argv, batch))
+    room = config.tune_max_runs - len(runs)
+    request_tokens = config.prompt_tokens + config.output_tokens
+    for batch in tune.width_candidates(tune.choose(runs), runs[0], free, request_tokens, room):
+        runs.append(_candidate(serve, config, argv, batch))
+    chosen = tune.choose(runs)
+    log.info(
+        "Tuned the engine runs=%d chosen=%s goodput=%s baseline_goodput=%s",
+        len(runs),
+        chosen.batch.flags() or "the replica's own settings",
+        chosen.goodput,
+        runs[0].goodput,
+    )
+    result = dict(chosen.result or {})
+    result["engine"] = tune.engine_result(runs, chosen)
+    return fit(result)
+
+
+def _candidate(serve: ServeConfig, config: ProfileConfig, argv: Sequence[str], batch: tune.Batch) -> tune.Run:
+    try:
+        return profile_server(serve, config, argv, batch)
+    except ProfileFailed as exc:
+        log.warning("Skipped a candidate flags=%s reason=%s", batch.flags(), exc)
+        return tune.Run(batch, None, None, str(exc))
+
+
+def batch_limits(url: str) -> tune.Limits | None:
+    """The started server's batch limits as vLLM resolved them (its /v1/pagoda/capacity), or None."""
+    request = urllib.request.Request(f"{url}{contract.CAPACITY_PATH}")
+    if api_key := os.environ.get("PAGODA_API_KEY"):
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = json.loads(response.read())
+        kv = body.get("kvCacheTokens")
+        return tune.Limits(int(body["maxNumBatchedTokens"]), int(body["maxNumSeqs"]), int(kv) if kv else None)
+    except (urllib.error.URLError, OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("Failed to read the batch limits url=%s error=%s", url, exc)
+        return None
 
 
 def _summary(report: Mapping[str, Any], config: ProfileConfig) -> dict[str, Any]:

@@ -239,9 +239,14 @@ def test_kv_cache_capacity_on_metrics_and_as_json(server: RuntimeProcess) -> Non
         "maxModelLen",
         "maxConcurrency",
         "blockSize",
+        "maxNumSeqs",
+        "maxNumBatchedTokens",
         "startup",
         "modelCache",
     }
+    # The scheduler's limits as vLLM resolved them: the shared server's --max-num-seqs, vLLM's token budget.
+    assert body["maxNumSeqs"] == int(ENGINE_FLAGS[ENGINE_FLAGS.index("--max-num-seqs") + 1])
+    assert body["maxNumBatchedTokens"] >= body["maxNumSeqs"]
     assert body["modelCache"] == {"bytes": 0, "models": []}  # a file:// model is not downloaded into it
     assert body["maxModelLen"] == int(ENGINE_FLAGS[ENGINE_FLAGS.index("--max-model-len") + 1])
     assert (body["kvCacheTokens"], body["maxConcurrency"]) == (tokens, concurrency)

@@ -92,6 +92,11 @@ def test_kv_cache_capacity_is_vllms_own_numbers_on_metrics_and_as_json() -> None
         "maxConcurrency": 64.0,
         "blockSize": 128,
     }
+    # With the scheduler's batch limits (vLLM's CPU defaults), the JSON says them too.
+    config.scheduler_config = SimpleNamespace(max_num_seqs=128, max_num_batched_tokens=2048)
+    limits = capacity.from_vllm_config(config)
+    assert limits is not None and (limits.max_num_seqs, limits.max_num_batched_tokens) == (128, 2048)
+    assert limits.as_json()["maxNumSeqs"] == 128 and limits.as_json()["maxNumBatchedTokens"] == 2048
     out = samples(render(ServerStatus(model_name="tiny", ready=True, kv_cache=kv), None))
     assert out["pagoda_kv_cache_capacity_tokens"] == 131072
     assert out["pagoda_kv_cache_max_concurrency"] == 64.0
