@@ -213,6 +213,10 @@ bench-coldstart: venv tools ## Cold start: first start vs a node-cache hit, 1.1 
 bench-slo: venv guidellm ## Goodput at the SLO: the engine settings profile --tune-engine chooses vs vLLM's defaults (docs/benchmarks.md).
 	$(PY) benchmarks/bench_slo.py
 
+.PHONY: bench-slo-ramp
+bench-slo-ramp: venv tools packages images ## The autoscaler on a load ramp: metric SLO vs the fixed default target, on the real node (docs/benchmarks.md).
+	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_slo_ramp.py
+
 .PHONY: bench-routing
 bench-routing: venv tools packages images ## Routing benchmark: GIE's endpoint picker vs round-robin through one Envoy, 3 real replicas (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_routing.py

@@ -259,7 +259,8 @@ class Load:
     The prompts share a long system prefix, so the prefix cache gets hits; there are more clients than
     the engine's max-num-seqs, so requests queue. Each client waits `pause` seconds between its requests (a
     light, steady load). Bounded: at most `max_requests` requests and `max_seconds` seconds in all, whatever
-    the caller does."""
+    the caller does. `body(client, n)`, when given, makes each request's messages and extra fields instead
+    (benchmarks/bench_slo_ramp.py: prompts of a fixed length, no shared prefix, every token generated)."""
 
     def __init__(
         self,
@@ -270,8 +271,10 @@ class Load:
         max_requests: int = 20_000,
         max_seconds: float = 1200.0,
         pause: float = 0.0,
+        body: Callable[[int, int], dict[str, Any]] | None = None,
     ) -> None:
         self.pick = target if callable(target) else (lambda: target)
+        self.body = body
         self.model, self.clients, self.max_tokens = model, clients, max_tokens
         self.max_requests, self.max_seconds, self.pause = max_requests, max_seconds, pause
         self.stop_event = threading.Event()
@@ -322,6 +325,8 @@ class Load:
             "stream": True,
             "stream_options": {"include_usage": True},  # a last chunk with the generated token count
         }
+        if self.body is not None:
+            body.update(self.body(index, n))
         endpoint = self.pick()
         started, first, tokens = time.monotonic(), None, None
         try:

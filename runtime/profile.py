@@ -46,6 +46,8 @@ from pagoda.runtime.config import ConfigError, ServeConfig
 log = logging.getLogger("pagoda.runtime.profile")
 
 GUIDELLM_ENV = "PAGODA_GUIDELLM"
+GUIDELLM_WORKERS_ENV = "GUIDELLM__MAX_WORKER_PROCESSES"  # GuideLLM's own setting (default 10)
+MAX_GUIDELLM_WORKERS = 10
 MAX_STEPS = 20  # 20 steps of the result stay well under MAX_RESULT_BYTES
 MAX_RESULT_BYTES = 4000  # the kubelet keeps 4096 bytes of a termination message
 MAX_ERROR_RATIO = 0.05  # a step with more errored requests than this misses the SLO
@@ -436,6 +438,9 @@ def run_guidellm(config: ProfileConfig, target: str, model: str, tokenizer: str)
     timeout = len(config.streams) * config.step_seconds + GUIDELLM_OVERHEAD_S * (1 + len(config.streams))
     # The tokenizer is a local folder: nothing to fetch, and nothing may be looked up on the hub.
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISABLE_TELEMETRY="1")
+    # GuideLLM starts 10 worker processes whatever the machine; each busy one takes a core from the server
+    # it measures (on 2 cores, 10 workers put the load average at 11 and doubled the time to first token).
+    env.setdefault(GUIDELLM_WORKERS_ENV, str(guidellm_workers()))
     with tempfile.TemporaryDirectory(prefix="pagoda-profile-") as scratch:
         report = Path(scratch) / "report.json"
         cmd = guidellm_command(config, target, model, tokenizer, report)
@@ -462,6 +467,12 @@ def run_guidellm(config: ProfileConfig, target: str, model: str, tokenizer: str)
         except (OSError, ValueError) as exc:
             raise ProfileFailed(_load_failed(f"GuideLLM's report cannot be read ({exc})")) from None
     return loaded
+
+
+def guidellm_workers() -> int:
+    """GuideLLM's worker processes: the cores this process may run on, at most MAX_GUIDELLM_WORKERS (each
+    worker drives many streams with asyncio)."""
+    return max(1, min(MAX_GUIDELLM_WORKERS, len(os.sched_getaffinity(0))))
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:

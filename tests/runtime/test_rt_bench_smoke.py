@@ -1,10 +1,10 @@
 """Tier 3: a smoke run of each benchmark that starts engines of its own (runtime_vs_vllm.py,
-engine_processes.py, bench_lora.py) or a cluster (bench_routing.py), so that none can stop working unseen:
-each runs as a subprocess with `--smoke-url` against the tier's shared runtime (and `--smoke-pid`, its process
-tree), the smallest sizes, through the same measuring, statistics and report code as the full run, in
-seconds. Every side is that one server, so the numbers are only checked to be measured (positive), never
-compared; what only servers of the benchmark's own can show (start-up, greedy equality across sides, the
-cluster's KV cache sizing) must be reported as not measured, not filled in."""
+engine_processes.py, bench_lora.py) or a cluster (bench_routing.py, bench_slo_ramp.py), so that none can stop
+working unseen: each runs as a subprocess with `--smoke-url` against the tier's shared runtime (and
+`--smoke-pid`, its process tree), the smallest sizes, through the same measuring, statistics and report code
+as the full run, in seconds. Every side is that one server, so the numbers are only checked to be measured
+(positive), never compared; what only servers of the benchmark's own can show (start-up, greedy equality
+across sides, the cluster's KV cache sizing, replicas) must be reported as not measured, not filled in."""
 
 from __future__ import annotations
 
@@ -105,3 +105,13 @@ def test_bench_routing_load(server: RuntimeProcess, tmp_path: Path) -> None:
         assert row["tokens_per_s"] > 0 and row["ttft_p50_s"] > 0, row
     assert "kv_blocks_per_replica" not in report
     assert "kv_blocks_per_replica" in report["smoke"]["not_measured"]
+
+
+def test_bench_slo_ramp_load(server: RuntimeProcess, tmp_path: Path) -> None:
+    """The ramp's clients, requests of the SLO's shape and the attainment; KEDA's arms need a cluster."""
+    report = smoke("bench_slo_ramp.py", server, tmp_path / "bench-slo-ramp.json")
+    assert report["smoke"]["not_measured"] == {"replicas": "no Deployment: the given server is the one arm"}
+    given = report["arms"]["given"]
+    assert given["failed"] == 0 and given["completed"] > 0, given
+    assert 0 <= given["attainment"] <= 1 and given["ttft_p95_ms"] > 0 and given["itl_p95_ms"] > 0, given
+    assert report["ramp"] == [1, 2] and report["shape"] == {"promptTokens": 128, "outputTokens": 32}

@@ -288,3 +288,10 @@ def test_the_result_defaults_to_the_termination_message_path(
     assert config.result == "/dev/termination-log"
     assert (config.prompt_tokens, config.output_tokens, config.step_seconds) == (256, 128, 30.0)
     assert config.streams == (1, 2, 4, 8, 16) and config.target is None
+
+
+def test_guidellm_gets_a_worker_per_core_at_most_ten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profile.os, "sched_getaffinity", lambda pid: set(range(2)))
+    assert profile.guidellm_workers() == 2  # not GuideLLM's 10 on this 2-core machine
+    monkeypatch.setattr(profile.os, "sched_getaffinity", lambda pid: set(range(96)))
+    assert profile.guidellm_workers() == profile.MAX_GUIDELLM_WORKERS == 10
