@@ -20,17 +20,21 @@ contract.TUNE_MAX_RUNS servers in all, the replica's own settings first (the bas
 highest goodput (requests per second at the highest step that meets the SLO); one that beats the baseline
 by less than MIN_GAIN is not worth a change, and the baseline stays.
 
-Pure functions: runtime/profile.py starts the servers and measures them.
+Pure functions: runtime/profile.py starts the servers and measures them; the operator applies the choice
+to the replicas (operator/resources/profile.py), with `unset` deciding for both which settings are free.
+Only the standard library and the runtime's contract: the operator imports this without the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pagoda.runtime import contract, vllmflags
-from pagoda.runtime.config import ServeConfig
+
+if TYPE_CHECKING:
+    from pagoda.runtime.config import ServeConfig
 
 MIN_GAIN = 1.05  # a candidate must beat the baseline's goodput by 5% to be chosen
 MIN_TOKEN_BUDGET = 64  # the smallest token budget tried: a step must hold a chunk worth scheduling
@@ -38,8 +42,10 @@ SMALLER_BUDGETS = (2, 4, 8)  # inter-token latency binds: the engine's budget di
 LARGER_BUDGETS = (2, 4)  # time to first token binds: multiplied by these
 
 Objective = Literal["ttft", "interToken"]
-# The batch settings' serve flags (runtime/config.py) and their fields.
+# The batch settings' serve flags (runtime/config.py) and their fields; their keys in the result's `engine`
+# and in status.profile.engine.
 FLAGS = {"--max-num-batched-tokens": "max_num_batched_tokens", "--max-num-seqs": "max_num_seqs"}
+KEYS = {"max_num_batched_tokens": "maxNumBatchedTokens", "max_num_seqs": "maxNumSeqs"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +64,7 @@ class Batch:
         return out
 
     def as_json(self) -> dict[str, int | None]:
-        return {"maxNumBatchedTokens": self.max_num_batched_tokens, "maxNumSeqs": self.max_num_seqs}
+        return {key: getattr(self, field) for field, key in KEYS.items()}
 
 
 @dataclass(frozen=True)
@@ -88,14 +94,20 @@ class Run:
         return float(self.result["requestsPerSecond"])
 
 
-def tunable(serve: ServeConfig) -> frozenset[str]:
-    """The batch fields (FLAGS' values) the replica leaves unset: not a serve flag, not after `--`."""
-    given = {vllmflags.normalised(arg) for arg in serve.extra_args if arg.startswith("--")}
+def unset(values: Mapping[str, object], extra_args: Sequence[str]) -> frozenset[str]:
+    """The batch fields (FLAGS' values) left unset: None in `values` (by field) and not among `extra_args`
+    (the vLLM arguments after `--`, in any spelling vLLM accepts)."""
+    given = {vllmflags.normalised(arg) for arg in extra_args if arg.startswith("--")}
     return frozenset(
         field
         for flag, field in FLAGS.items()
-        if getattr(serve, field) is None and vllmflags.normalised(flag) not in given
+        if values.get(field) is None and vllmflags.normalised(flag) not in given
     )
+
+
+def tunable(serve: ServeConfig) -> frozenset[str]:
+    """The batch fields the replica's flags leave unset: not a serve flag, not after `--`."""
+    return unset({field: getattr(serve, field) for field in FLAGS.values()}, serve.extra_args)
 
 
 def binding(result: Mapping[str, Any]) -> Objective | None:

@@ -14,6 +14,7 @@ from .base import ApiModel, ObjectName
 from .rules import (
     CHAT_TEMPLATE_RULES,
     ENGINE_RULES,
+    MSG_BATCHED_TOKENS,
     MSG_CHAT_TEMPLATE,
     MSG_EXTRA_ARGS,
     MSG_GPU_MEMORY,
@@ -122,7 +123,16 @@ class EngineSpec(ApiModel):
         default=None,
         ge=1,
         le=65536,
-        description="Maximum sequences batched together per step (--max-num-seqs).",
+        description="Maximum sequences batched together per step (--max-num-seqs); vLLM's default for the "
+        "device when unset, or the capacity profile's choice (spec.slo.tuneEngine).",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="Maximum tokens one engine step carries, decodes and prompt chunks together "
+        "(--max-num-batched-tokens); vLLM's default for the device when unset, or the capacity profile's "
+        "choice (spec.slo.tuneEngine).",
     )
     chat_template: ChatTemplate | None = Field(
         default=None,
@@ -149,3 +159,10 @@ class EngineSpec(ApiModel):
         if any(re.match(OWNED_FLAG_PATTERN, arg) for arg in value):
             raise ValueError(MSG_EXTRA_ARGS)
         return value
+
+    @model_validator(mode="after")
+    def _batch_holds_its_sequences(self) -> EngineSpec:
+        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
+        if tokens is not None and seqs is not None and tokens < seqs:
+            raise ValueError(MSG_BATCHED_TOKENS)
+        return self

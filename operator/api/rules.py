@@ -66,6 +66,10 @@ MSG_ROLLOUT_ZERO = (
     "spec.rollout: maxSurge and maxUnavailable cannot both be 0 (a rollout could then replace no pod)"
 )
 MSG_GPU_MEMORY = "spec.engine.gpuMemoryUtilization must be greater than 0 and at most 1"
+MSG_BATCHED_TOKENS = (
+    "spec.engine.maxNumBatchedTokens must be at least spec.engine.maxNumSeqs (a step carries at least one "
+    "token of every sequence in it)"
+)
 MSG_CHAT_TEMPLATE = "spec.engine.chatTemplate: set exactly one of inline and configMap"
 MSG_MIN_MAX = "spec.autoscaling.minReplicas must be less than or equal to spec.autoscaling.maxReplicas"
 MSG_KV_TARGET = "spec.autoscaling.kvCacheUsage.targetRatio must be greater than 0 and at most 1"
@@ -170,6 +174,12 @@ ENGINE_RULES = [
         f"!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('{OWNED_FLAG_PATTERN}'))",
         MSG_EXTRA_ARGS,
         ".extraArgs",
+    ),
+    rule(
+        "!has(self.maxNumBatchedTokens) || !has(self.maxNumSeqs)"
+        " || self.maxNumBatchedTokens >= self.maxNumSeqs",
+        MSG_BATCHED_TOKENS,
+        ".maxNumBatchedTokens",
     ),
 ]
 CHAT_TEMPLATE_RULES = [rule("has(self.inline) != has(self.configMap)", MSG_CHAT_TEMPLATE)]

@@ -5,7 +5,8 @@ runtime with the spec's model, engine and resources and loads it with GuideLLM a
 (`pagoda-runtime profile`, docs/capacity.md). status.profile then holds the highest concurrency per replica
 that meets both objectives, the throughput there and the whole curve. A new profile runs when what the
 replica is made of changes (model, engine, resources, image) or the SLO does, or on request (the
-pagoda.dev/profile annotation).
+pagoda.dev/profile annotation). With tuneEngine (the default) it also chooses the engine's batch settings
+for the SLO (runtime/tune.py), which the replicas then run (resources/profile.py: with_engine_choice).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pagoda.runtime.contract import (
     PROFILE_PROMPT_TOKENS,
     PROFILE_STEP_SECONDS,
     PROFILE_STREAMS,
+    TUNE_MAX_RUNS,
 )
 
 from .base import ApiModel
@@ -91,4 +93,11 @@ class SloSpec(ApiModel):
     request: RequestShape = Field(default_factory=RequestShape, description="The request shape.")
     profile: ProfilePlan = Field(
         default_factory=ProfilePlan, description="The capacity profile's concurrency steps."
+    )
+    tune_engine: bool = Field(
+        default=True,
+        description="The profile also tries other batch settings for the engine fields the spec leaves unset "
+        "(maxNumBatchedTokens, maxNumSeqs; the same flag in extraArgs counts as set), each a restart of its "
+        "server, and the replicas run the ones with the most requests per second within the SLO "
+        f"(status.profile.engine). The profile then takes up to {TUNE_MAX_RUNS} times as long.",
     )

@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
+from pagoda.runtime.contract import TUNE_MAX_RUNS
+
 from .base import ApiModel
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "DisruptionTolerant"]
@@ -212,6 +214,46 @@ class ProfileStep(ApiModel):
     meets_slo: bool = Field(description="Both p95s within spec.slo, at most 5% errors.")
 
 
+class EngineCandidate(ApiModel):
+    """One server the profile measured: its batch settings (absent: the spec's own or vLLM's default) and
+    its capacity within the SLO."""
+
+    max_num_batched_tokens: int | None = Field(default=None, ge=1, description="--max-num-batched-tokens.")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="--max-num-seqs.")
+    concurrency: int | None = Field(
+        default=None, ge=1, description="The highest concurrency that met the SLO (absent: none)."
+    )
+    requests_per_second: float | None = Field(
+        default=None, ge=0, description="Requests per second there: its goodput (absent: none)."
+    )
+
+
+class EngineChoice(ApiModel):
+    """The engine's batch settings the profile chose (spec.slo.tuneEngine) and what they measured."""
+
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="The token budget the replicas run with (absent: the spec's own or vLLM's default).",
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="The batch width the replicas run with (absent: the spec's own or vLLM's default).",
+    )
+    goodput: float | None = Field(
+        default=None, ge=0, description="Requests per second within the SLO with the choice."
+    )
+    baseline_goodput: float | None = Field(
+        default=None, ge=0, description="Requests per second within the SLO with the spec's own settings."
+    )
+    candidates: list[EngineCandidate] | None = Field(
+        default=None,
+        max_length=TUNE_MAX_RUNS,
+        description="Every server measured, in order, the spec's own settings first.",
+    )
+
+
 class ProfileStatus(ApiModel):
     """The last capacity profile of one replica against spec.slo (docs/capacity.md)."""
 
@@ -235,6 +277,11 @@ class ProfileStatus(ApiModel):
     )
     steps: list[ProfileStep] | None = Field(
         default=None, max_length=16, description="Every step measured, in order (the curve)."
+    )
+    engine: EngineChoice | None = Field(
+        default=None,
+        description="With spec.slo.tuneEngine: the batch settings chosen, their goodput and every candidate; "
+        "concurrency, throughput and steps above are the chosen settings'.",
     )
     finished_at: str | None = Field(default=None, max_length=64, description="When the Job ended (RFC 3339).")
     measured_by: str | None = Field(

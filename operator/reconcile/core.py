@@ -42,7 +42,7 @@ from pagoda.operator.reconcile.problems import (
     secret_names,
     secret_not_found,
 )
-from pagoda.operator.reconcile.profile import PROFILE_KIND, measured_concurrency, profile_status
+from pagoda.operator.reconcile.profile import PROFILE_KIND, measured_concurrency, profile_status, tuned_engine
 from pagoda.operator.reconcile.scaling import HPA_KIND, hpa_name, scale_event
 from pagoda.operator.reconcile.startup import typical_seconds
 from pagoda.operator.reconcile.status import (
@@ -315,6 +315,7 @@ def desired_state(
         typical_start=typical_seconds(status.get("startup")),
         profile_request=(owner["metadata"].get("annotations") or {}).get(PROFILE_REQUEST_ANNOTATION),
         slo_concurrency=measured_concurrency(status.get("profile")),
+        engine_choice=tuned_engine(status.get("profile")),
     )
     return [with_owner(manifest, owner) for manifest in children]
 

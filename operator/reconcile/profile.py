@@ -22,8 +22,9 @@ Obj = dict[str, Any]
 PROFILE_KIND = "Job"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
 FINISHED = ("Succeeded", "Failed")
-# The runtime's result keys copied as they are (the SLO's two objectives become ttftMs and interTokenMs).
-RESULT_KEYS = ("concurrency", "requestsPerSecond", "outputTokensPerSecond", "steps")
+# The runtime's result keys copied as they are (the SLO's two objectives become ttftMs and interTokenMs;
+# `engine`, the tuned batch settings, loses its nulls: a field the choice leaves alone is absent).
+RESULT_KEYS = ("concurrency", "requestsPerSecond", "outputTokensPerSecond", "steps", "engine")
 # What a successful profile measured: kept through later profiles until another succeeds.
 MEASURED = (*RESULT_KEYS, "ttftMs", "interTokenMs", "measuredBy", "measuredAt")
 
@@ -96,11 +97,26 @@ def result_fields(message: str | None) -> Obj:
         if not isinstance(result, dict):
             raise ValueError("not a JSON object")
         slo = result.get("slo") or {}
-        fields = {key: result[key] for key in RESULT_KEYS if result.get(key) is not None}
+        fields = {key: without_nulls(result[key]) for key in RESULT_KEYS if result.get(key) is not None}
         fields["ttftMs"], fields["interTokenMs"] = slo["ttftMs"], slo["interTokenMs"]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return {"state": "Failed", "message": f"ProfileResultUnreadable: {exc}: {(message or '')[:512]!r}"}
     return fields
+
+
+def without_nulls(value: Any) -> Any:
+    """`value` with every null member of its objects (and of the objects in its lists) left out."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
+def tuned_engine(profile: Obj | None) -> Obj | None:
+    """The batch settings the last successful profile chose (status.profile.engine), if any."""
+    engine = (profile or {}).get("engine")
+    return engine if isinstance(engine, dict) else None
 
 
 def _bounded(status: Obj, kept: Obj) -> Obj:

@@ -14,7 +14,7 @@ from .meta import labels, selector, selector_string, service_url
 from .networkpolicy import network_policies
 from .pdb import pod_disruption_budget
 from .pod import DEFAULT_RUNTIME_IMAGE
-from .profile import PROFILE_REQUEST_ANNOTATION, profile_job
+from .profile import PROFILE_REQUEST_ANNOTATION, profile_job, with_engine_choice
 from .routing import routing_children
 from .scaledobject import scaled_object
 from .service import service
@@ -52,6 +52,7 @@ def desired_children(
     typical_start: float | None = None,
     profile_request: str | None = None,
     slo_concurrency: int | None = None,
+    engine_choice: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
@@ -70,6 +71,8 @@ def desired_children(
     `profile_request`: the owner's pagoda.dev/profile annotation (a new value runs a new capacity profile;
     resources/profile.py), whose Job comes last, with spec.slo only. `slo_concurrency`: the concurrency
     per replica the last profile measured within spec.slo (status.profile), metric SLO's base.
+    `engine_choice`: the batch settings that profile chose (status.profile.engine), which the replicas run
+    for the fields the spec leaves unset (with spec.slo.tuneEngine); the profile Job keeps the spec's own.
     """
     template = chat_template_text(spec, chat_template)
     # The NetworkPolicies first: the pods are never up without them.
@@ -78,8 +81,11 @@ def desired_children(
         children.append(chat_template_config_map(name, namespace, template))
     if management_key is not None:
         children.append(management_config_map(name, namespace, management_key))
+    replicas = with_engine_choice(spec, engine_choice)
     children += [
-        deployment(name, namespace, spec, default_image, stamps, chat_template, management_key is not None),
+        deployment(
+            name, namespace, replicas, default_image, stamps, chat_template, management_key is not None
+        ),
         service(name, namespace, spec),
         pod_disruption_budget(name, namespace, spec),
     ]
@@ -97,7 +103,7 @@ def desired_children(
     if spec.monitoring.service_monitor.enabled:
         children.append(service_monitor(name, namespace, spec.monitoring.service_monitor))
     children += routing_children(name, namespace, spec, typical_start)
-    job = profile_job(name, namespace, spec, default_image, chat_template, profile_request)
+    job = profile_job(name, namespace, spec, default_image, chat_template, profile_request)  # the spec's own
     return children + ([job] if job is not None else [])
 
 

@@ -32,6 +32,8 @@ def runtime_args(spec: InferenceServiceSpec, management: bool = False) -> list[s
     args.append("--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching")
     if engine.max_num_seqs is not None:
         args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(engine.max_num_batched_tokens)]
     if engine.chat_template is not None:  # the operator's copy, mounted into the pod (chattemplate.py)
         args += ["--chat-template", CHAT_TEMPLATE_PATH]
     if spec.lora is not None:  # the limits only: the adapters are loaded at run time (no restart)

@@ -10,6 +10,11 @@ container's termination message, which the operator copies into status.profile (
 The Job's name ends in a digest of its pod template: a change of anything the replica is made of or of the
 SLO, or a new value of the pagoda.dev/profile annotation, names a new Job (a Job's template cannot be
 changed), and the operator deletes the old one as a child no longer wanted.
+
+With spec.slo.tuneEngine the profile also chooses the engine's batch settings (`--tune-engine`,
+runtime/tune.py) and the replicas run them (`with_engine_choice`) for the fields the spec leaves unset. The
+Job itself is always made from the spec's own settings: a choice applied to the replicas must not change
+the Job's template, or every choice would start a new profile.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.slo import SloSpec
+from pagoda.runtime import tune
+from pagoda.runtime.contract import TUNE_MAX_RUNS
 
 from .meta import content_hash, labels
 from .pod import DEFAULT_RUNTIME_IMAGE, pod_template
@@ -99,14 +106,36 @@ def profile_args(serve_args: list[str], slo: SloSpec) -> list[str]:
     args += ["--slo-ttft-ms", _number(slo.ttft_ms), "--slo-itl-ms", _number(slo.inter_token_ms)]
     args += ["--prompt-tokens", str(shape.prompt_tokens), "--output-tokens", str(shape.output_tokens)]
     args += ["--streams", ",".join(str(s) for s in plan.streams), "--step-seconds", str(plan.step_seconds)]
+    if slo.tune_engine:
+        args.append("--tune-engine")
     return args + extra
 
 
 def deadline_seconds(spec: InferenceServiceSpec) -> int:
-    """How long the Job may run before Kubernetes stops it (then status.profile says Failed)."""
+    """How long the Job may run before Kubernetes stops it (then status.profile says Failed): a server's
+    start and load, for each server the profile may start (TUNE_MAX_RUNS with tuneEngine)."""
     assert spec.slo is not None
     load = spec.slo.profile.seconds * STEP_OVERHEAD
-    return int(spec.runtime.startup_timeout_seconds + load + MARGIN_SECONDS)
+    servers = TUNE_MAX_RUNS if spec.slo.tune_engine else 1
+    return int(servers * (spec.runtime.startup_timeout_seconds + load) + MARGIN_SECONDS)
+
+
+def with_engine_choice(spec: InferenceServiceSpec, choice: dict[str, Any] | None) -> InferenceServiceSpec:
+    """The spec the replicas run: with spec.slo.tuneEngine, the profile's choice (status.profile.engine)
+    for each batch setting the spec leaves unset (tune.unset: neither its field nor the flag in extraArgs);
+    the spec itself otherwise (a user's setting always wins)."""
+    if spec.slo is None or not spec.slo.tune_engine or not choice:
+        return spec
+    engine = spec.engine
+    values = {field: getattr(engine, field) for field in tune.FLAGS.values()}
+    chosen = {
+        field: choice[tune.KEYS[field]]
+        for field in tune.unset(values, engine.extra_args)
+        if isinstance(choice.get(tune.KEYS[field]), int)
+    }
+    if not chosen:
+        return spec
+    return spec.model_copy(update={"engine": engine.model_copy(update=chosen)})
 
 
 def _number(value: float) -> str:

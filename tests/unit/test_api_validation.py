@@ -85,6 +85,12 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         "spec.engine.gpuMemoryUtilization",
         r.MSG_GPU_MEMORY,
     ),
+    (
+        "batched-tokens-below-seqs",
+        _both(_set("engine.maxNumSeqs", 64), _set("engine.maxNumBatchedTokens", 32)),
+        "spec.engine.maxNumBatchedTokens",
+        r.MSG_BATCHED_TOKENS,
+    ),
     ("replicas-and-autoscaling", _set("replicas", 2), "spec.replicas", r.MSG_REPLICAS_XOR),
     (
         "cache-pvc-and-size",

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pagoda.operator.reconcile.profile import JOB_NAME_LABEL, measured_concurrency, profile_status
+from pagoda.operator.reconcile.profile import (
+    JOB_NAME_LABEL,
+    measured_concurrency,
+    profile_status,
+    tuned_engine,
+)
 
 Obj = dict[str, Any]
 JOB = "llm-profile-0123456789"
@@ -169,3 +174,45 @@ def test_the_newest_pod_with_a_message_wins() -> None:
     sidecar = pod("something else", created="2026-12-04T09:30:00Z", container="other")
     status = profile_status(Pods([older, sidecar, newer]), "ns", job("Complete"), None)
     assert status is not None and status["state"] == "Succeeded"
+
+
+ENGINE = {
+    "maxNumBatchedTokens": 1024,
+    "maxNumSeqs": None,
+    "goodput": 3.2,
+    "baselineGoodput": 2.5,
+    "candidates": [
+        {"maxNumBatchedTokens": None, "maxNumSeqs": None, "concurrency": 2, "requestsPerSecond": 2.5},
+        {"maxNumBatchedTokens": 1024, "maxNumSeqs": None, "concurrency": 2, "requestsPerSecond": 3.2},
+        {"maxNumBatchedTokens": 512, "maxNumSeqs": None, "concurrency": None, "requestsPerSecond": None},
+    ],
+}
+
+
+def test_the_engine_choice_is_copied_without_its_nulls_and_kept_until_the_next_success() -> None:
+    tuned = profile_status(Pods([pod(json.dumps({**RESULT, "engine": ENGINE}))]), "ns", job("Complete"), None)
+    assert tuned is not None and tuned["state"] == "Succeeded"
+    assert tuned["engine"] == {
+        "maxNumBatchedTokens": 1024,
+        "goodput": 3.2,
+        "baselineGoodput": 2.5,
+        "candidates": [
+            {"concurrency": 2, "requestsPerSecond": 2.5},
+            {"maxNumBatchedTokens": 1024, "concurrency": 2, "requestsPerSecond": 3.2},
+            {"maxNumBatchedTokens": 512},
+        ],
+    }
+    assert tuned_engine(tuned) == tuned["engine"] and tuned_engine(None) is None
+    # A new profile (the spec changed) leaves the replicas the choice they run until it succeeds.
+    running = profile_status(Pods([]), "ns", {**job(), "metadata": {"name": "llm-profile-new"}}, tuned)
+    assert running is not None and running["state"] == "Running" and running["engine"] == tuned["engine"]
+    # One without tuning (tuneEngine turned off) measures no choice: the replicas go back to the spec's.
+    plain = profile_status(Pods([pod(json.dumps(RESULT))]), "ns", job("Complete"), running)
+    assert plain is not None and "engine" not in plain and tuned_engine(plain) is None
+
+
+def test_more_candidates_than_a_profile_runs_are_not_written() -> None:
+    many = {**ENGINE, "candidates": ENGINE["candidates"] * 3}
+    status = profile_status(Pods([pod(json.dumps({**RESULT, "engine": many}))]), "ns", job("Complete"), None)
+    assert status is not None and status["state"] == "Failed" and "engine" not in status
+    assert status["message"].startswith("ProfileResultUnreadable: engine.candidates:"), status["message"]

@@ -12,7 +12,8 @@ from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources import desired_children, selector
 from pagoda.operator.resources.deployment import deployment
 from pagoda.operator.resources.meta import OWNER_LABEL
-from pagoda.operator.resources.profile import MAX_NAME, profile_args, profile_job
+from pagoda.operator.resources.profile import MAX_NAME, profile_args, profile_job, with_engine_choice
+from pagoda.runtime.contract import TUNE_MAX_RUNS
 
 SLO = {"ttftMs": 500, "interTokenMs": 50.5, "request": {"promptTokens": 64, "outputTokens": 16}}
 
@@ -104,10 +105,78 @@ def test_the_name_fits_a_label_value_for_the_longest_service_name(llama_spec: di
     assert len(name_a) <= MAX_NAME and len(name_b) <= MAX_NAME and name_a != name_b
 
 
-def test_the_deadline_covers_the_start_and_every_step(llama_spec: dict[str, Any]) -> None:
-    spec = spec_with(llama_spec, slo={**SLO, "profile": {"streams": [1, 2, 4], "stepSeconds": 100}})
-    deadline = job_of(spec)["spec"]["activeDeadlineSeconds"]
-    assert deadline > spec.runtime.startup_timeout_seconds + 300
+def test_the_deadline_covers_the_start_and_every_step_of_every_server(llama_spec: dict[str, Any]) -> None:
+    plan = {"streams": [1, 2, 4], "stepSeconds": 100}
+    one = spec_with(llama_spec, slo={**SLO, "profile": plan, "tuneEngine": False})
+    tuned = spec_with(llama_spec, slo={**SLO, "profile": plan})
+    server = one.runtime.startup_timeout_seconds + 300
+    assert job_of(one)["spec"]["activeDeadlineSeconds"] > server
+    assert job_of(tuned)["spec"]["activeDeadlineSeconds"] > TUNE_MAX_RUNS * server
+
+
+def test_tune_engine_is_on_by_default_and_asks_the_runtime_to_tune(llama_spec: dict[str, Any]) -> None:
+    def args(spec: InferenceServiceSpec) -> list[str]:
+        return list(job_of(spec)["spec"]["template"]["spec"]["containers"][0]["args"])
+
+    assert "--tune-engine" in args(spec_with(llama_spec))
+    assert "--tune-engine" not in args(spec_with(llama_spec, slo={**SLO, "tuneEngine": False}))
+
+
+CHOICE = {"maxNumBatchedTokens": 1024, "maxNumSeqs": 8, "goodput": 6.5, "baselineGoodput": 5.0}
+
+
+def replica_args(spec: InferenceServiceSpec, choice: dict[str, Any] | None) -> list[str]:
+    children = desired_children("llm", "ns", spec, "runtime:1", engine_choice=choice)
+    (deployment_,) = [child for child in children if child["kind"] == "Deployment"]
+    return list(deployment_["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """The value of the runtime's flag `name` (before `--`: what follows is vLLM's, the spec's extraArgs)."""
+    own = args[: args.index("--")] if "--" in args else args
+    return own[own.index(name) + 1] if name in own else None
+
+
+def test_the_replicas_run_the_choice_and_the_job_stays_as_it_was(llama_spec: dict[str, Any]) -> None:
+    """Applying a choice must not rename the profile Job: a new Job would profile again, choose again, and
+    so on for ever."""
+    llama_spec = {**llama_spec, "engine": {**llama_spec.get("engine", {}), "maxNumSeqs": None}}
+    spec = spec_with(llama_spec)
+    before = [c for c in desired_children("llm", "ns", spec, "runtime:1") if c["kind"] == "Job"]
+    after = [
+        c
+        for c in desired_children("llm", "ns", spec, "runtime:1", engine_choice=CHOICE)
+        if c["kind"] == "Job"
+    ]
+    assert before == after
+    args = replica_args(spec, CHOICE)
+    assert (flag(args, "--max-num-batched-tokens"), flag(args, "--max-num-seqs")) == ("1024", "8")
+    assert flag(replica_args(spec, None), "--max-num-batched-tokens") is None
+
+
+@pytest.mark.parametrize(
+    ("engine", "tokens", "seqs"),
+    [
+        ({"maxNumSeqs": 4}, "1024", "4"),  # the spec's width wins, the free budget is the choice's
+        ({"maxNumBatchedTokens": 2048}, "2048", "8"),
+        ({"extraArgs": ["--max_num_batched_tokens=4096"]}, None, "8"),  # given to vLLM directly: set
+        ({"maxNumSeqs": 16, "extraArgs": ["--max-num-batched-tokens", "4096"]}, None, "16"),
+    ],
+)
+def test_a_setting_the_spec_gives_always_wins(
+    engine: dict[str, Any], tokens: str | None, seqs: str | None
+) -> None:
+    spec = spec_with({**_tiny(), "engine": engine})
+    args = replica_args(spec, CHOICE)
+    assert (flag(args, "--max-num-batched-tokens"), flag(args, "--max-num-seqs")) == (tokens, seqs)
+
+
+def test_without_tune_engine_or_a_choice_the_replicas_run_the_spec() -> None:
+    spec = spec_with({**_tiny()}, slo={**SLO, "tuneEngine": False})
+    assert with_engine_choice(spec, CHOICE) is spec
+    tuned = spec_with({**_tiny()})
+    assert with_engine_choice(tuned, None) is tuned
+    assert with_engine_choice(tuned, {"goodput": 5.0, "baselineGoodput": 5.0}) is tuned  # the baseline kept
 
 
 def _tiny() -> dict[str, Any]:
