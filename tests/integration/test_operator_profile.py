@@ -10,6 +10,7 @@ Complete condition."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from harness import OperatorProcess, wait_until
@@ -204,3 +205,47 @@ def test_metric_slo_scales_at_a_share_of_the_measured_concurrency(
     running = profile(kube, "sloscale", namespace)
     assert running["state"] == "Running" and running["measuredBy"] == name and running["concurrency"] == 5
     assert threshold() == "4"
+
+
+def test_the_replicas_run_the_engine_choice_and_the_profile_is_not_run_again(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
+) -> None:
+    """A profile that tuned the engine (spec.slo.tuneEngine, the default): the choice lands in
+    status.profile.engine and in the replicas' args for the setting the spec leaves unset, the one the spec
+    gives stays, and the profile Job is the same one (built from the spec's own settings: no new profile)."""
+    core, apps = client.CoreV1Api(cluster_api), client.AppsV1Api(cluster_api)
+    create(kube, "slotune", namespace, replicas=1, slo=SLO, engine={"maxNumSeqs": 4})
+    job = one_job(raw, namespace, "slotune")
+    name = job["metadata"]["name"]
+    assert "--tune-engine" in job["spec"]["template"]["spec"]["containers"][0]["args"]
+    engine = {
+        "maxNumBatchedTokens": 512,
+        "maxNumSeqs": 2,  # the runtime never tunes a setting the spec gives; were it to, the spec still wins
+        "goodput": 1.1,
+        "baselineGoodput": 0.8,
+        "candidates": [
+            {"maxNumBatchedTokens": None, "maxNumSeqs": None, "concurrency": 1, "requestsPerSecond": 0.8},
+            {"maxNumBatchedTokens": 512, "maxNumSeqs": None, "concurrency": 2, "requestsPerSecond": 1.1},
+        ],
+    }
+    end_pod_as_the_kubelet_would(core, namespace, name, json.dumps({**RESULT, "engine": engine}))
+
+    def runtime_args() -> list[str]:
+        deployment = apps.read_namespaced_deployment("slotune", namespace)
+        args: list[str] = deployment.spec.template.spec.containers[0].args
+        return args[: args.index("--")] if "--" in args else args
+
+    def tuned() -> list[str] | None:
+        args = runtime_args()
+        return args if "--max-num-batched-tokens" in args else None
+
+    args = wait_until(tuned, "the replicas' args to carry the choice", 90)
+    assert args[args.index("--max-num-batched-tokens") + 1] == "512"
+    assert args[args.index("--max-num-seqs") + 1] == "4"
+    status = profile(kube, "slotune", namespace)
+    assert status["state"] == "Succeeded" and status["engine"]["goodput"] == 1.1
+    assert status["engine"]["candidates"][0] == {"concurrency": 1, "requestsPerSecond": 0.8}
+    # The operator's later passes keep the same Job: applying the choice changed no part of it.
+    time.sleep(5)
+    assert [j["metadata"]["name"] for j in jobs(raw, namespace, "slotune")] == [name]
+    assert profile(kube, "slotune", namespace)["job"] == name
