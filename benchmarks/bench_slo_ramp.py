@@ -50,7 +50,7 @@ from e2e import _objects  # noqa: E402
 from e2e.fixtures import tiny_sample  # noqa: E402
 from e2e.observability import Load, Record  # noqa: E402
 from e2e.processes import wait_until  # noqa: E402
-from e2e.realpods import isvc, service_url, wait_condition  # noqa: E402
+from e2e.realpods import finished_profile, hpa_target, service_url, wait_condition  # noqa: E402
 from e2e.stack import private_stack, run_operator  # noqa: E402
 
 NAME, NAMESPACE = "ramp", "bench-slo-ramp"
@@ -182,20 +182,16 @@ def run_arm(arm: str, cluster: Any, opts: argparse.Namespace) -> dict[str, Any]:
     wait_condition(cluster, NAMESPACE, NAME, "Ready", timeout=900)
     profile: dict[str, Any] = {}
     if arm == "slo":
-        profile = wait_until(
-            lambda: (
-                (p := isvc(cluster, NAMESPACE, NAME).get("status", {}).get("profile", {})).get("state")
-                in ("Succeeded", "Failed")
-                and p
-            ),
-            "the profile",
-            timeout=1200,
-            interval=2,
-        )
+        profile = finished_profile(cluster, NAMESPACE, NAME, timeout=1200)
         if profile["state"] != "Succeeded" or not profile.get("concurrency"):
             raise SystemExit(f"the profile measured no capacity: {profile}")
     target = max(1, int(profile["concurrency"] * SLO_TARGET_RATIO)) if profile else 32
-    wait_until(lambda: hpa_target(cluster) == str(target), f"the HPA at {target}", timeout=180, interval=2)
+    wait_until(
+        lambda: hpa_target(cluster, NAMESPACE, NAME) == str(target),
+        f"the HPA at {target}",
+        timeout=180,
+        interval=2,
+    )
     url = service_url(cluster, NAMESPACE, NAME)
     sampler = Replicas(client.AppsV1Api(cluster.api_client()))
     sampler.start()
@@ -215,14 +211,6 @@ def run_arm(arm: str, cluster: Any, opts: argparse.Namespace) -> dict[str, Any]:
         "max_replicas": max((s[1] for s in samples), default=0),
         "replicas": [s[1] for s in samples],
     }
-
-
-def hpa_target(cluster: Any) -> str | None:
-    found = cluster.kubectl("get", "hpa", f"keda-hpa-{NAME}", "-n", NAMESPACE, "-o", "json", check=False)
-    if found.returncode != 0:
-        return None
-    metrics = (json.loads(found.stdout).get("spec") or {}).get("metrics") or []
-    return str(metrics[0]["external"]["target"]["averageValue"]) if metrics else None
 
 
 def pods_left(cluster: Any) -> bool:

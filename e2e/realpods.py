@@ -251,3 +251,24 @@ def wait_ready_replicas(
         )
 
     wait_until(settled, f"{count} updated Ready replicas of {namespace}/{name}", timeout=timeout, interval=1)
+
+
+def hpa_target(cluster: Cluster, namespace: str, name: str) -> str | None:
+    """The in-flight target per replica of the HPA KEDA made for the service's ScaledObject (None until KEDA
+    has made it)."""
+    found = cluster.kubectl("get", "hpa", f"keda-hpa-{name}", "-n", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None
+    metrics = (json.loads(found.stdout).get("spec") or {}).get("metrics") or []
+    return str(metrics[0]["external"]["target"]["averageValue"]) if metrics else None
+
+
+def finished_profile(cluster: Cluster, namespace: str, name: str, timeout: float) -> dict[str, Any]:
+    """status.profile once its Job has ended (Succeeded or Failed)."""
+
+    def ended() -> dict[str, Any] | None:
+        profile: dict[str, Any] = isvc(cluster, namespace, name).get("status", {}).get("profile", {})
+        return profile if profile.get("state") in ("Succeeded", "Failed") else None
+
+    done: dict[str, Any] = wait_until(ended, "the profile Job to end", timeout=timeout, interval=2)
+    return done

@@ -6,11 +6,12 @@ load above it scales the service out with no failed request.
 
 The SLO is loose (the tiny model on two shared cores answers in tens of milliseconds), so every step meets it
 and the measured concurrency is the top step's: what is asserted does not depend on the machine's speed.
+For the same reason the engine tuning (spec.slo.tuneEngine, on by default) runs no candidate: it is reported
+with the one server measured (tier 3 runs a candidate, tests/runtime/test_rt_profile.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from typing import Any
@@ -23,7 +24,14 @@ from e2e.autoscaling import autoscaled_sample
 from e2e.chartenv import ChartOperator
 from e2e.observability import Load, PrometheusAt, dashboard, panel_queries
 from e2e.processes import wait_until
-from e2e.realpods import get_json, isvc, ready_pods, service_url, wait_condition
+from e2e.realpods import (
+    finished_profile,
+    get_json,
+    hpa_target,
+    ready_pods,
+    service_url,
+    wait_condition,
+)
 from e2e.stack import Stack
 from pagoda.operator.reconcile.profile import JOB_NAME_LABEL
 
@@ -58,16 +66,6 @@ def profiled_sample(namespace: str) -> dict[str, Any]:
     return sample
 
 
-def hpa_target(stack: Stack, namespace: str) -> str | None:
-    found = stack.cluster.kubectl(
-        "get", "hpa", f"keda-hpa-{NAME}", "-n", namespace, "-o", "json", check=False
-    )
-    if found.returncode != 0:  # KEDA has not made it yet
-        return None
-    metrics = (json.loads(found.stdout).get("spec") or {}).get("metrics") or []
-    return str(metrics[0]["external"]["target"]["averageValue"]) if metrics else None
-
-
 def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
     stack: Stack, operator: ChartOperator, namespace: str
 ) -> None:
@@ -75,19 +73,10 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(profiled_sample(namespace)))
     wait_condition(cluster, namespace, NAME, "Ready", timeout=600)
     # Before a profile: targetInFlight, as KEDA's HPA holds it.
-    wait_until(lambda: hpa_target(stack, namespace) == "8", "the HPA at targetInFlight", 120)
+    wait_until(lambda: hpa_target(cluster, namespace, NAME) == "8", "the HPA at targetInFlight", 120)
 
     started = time.monotonic()
-    done = wait_until(
-        lambda: (
-            (p := isvc(cluster, namespace, NAME).get("status", {}).get("profile", {})).get("state")
-            in ("Succeeded", "Failed")
-            and p
-        ),
-        "the profile Job to end",
-        timeout=900,
-        interval=2,
-    )
+    done = finished_profile(cluster, namespace, NAME, timeout=900)
     print(f"\nThe profile ran {time.monotonic() - started:.0f} s after the service was Ready: {done}")
     assert done["state"] == "Succeeded", done
     steps = done["steps"]
@@ -98,6 +87,14 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
         assert step["outputTokensPerSecond"] > 0
     assert done["concurrency"] == STREAMS[-1] and done["measuredBy"] == done["job"]
     assert done["requestsPerSecond"] == steps[-1]["requestsPerSecond"]
+    # spec.slo.tuneEngine (the default) ran with the profile: with every step within the SLO no objective
+    # binds, so no candidate was worth a server, and the replicas keep the spec's settings.
+    engine = done["engine"]
+    assert engine["candidates"] == [
+        {"concurrency": STREAMS[-1], "requestsPerSecond": done["requestsPerSecond"]}
+    ]
+    assert engine["goodput"] == engine["baselineGoodput"] == done["requestsPerSecond"]
+    assert "maxNumBatchedTokens" not in engine and "maxNumSeqs" not in engine
     # It ran on the real node, from the runtime image, and exited 0.
     (pod,) = get_json(cluster, "pods", "-n", namespace, "-l", f"{JOB_NAME_LABEL}={done['job']}")["items"]
     assert pod["spec"]["nodeName"] == realnode.NODE_NAME and pod["status"]["phase"] == "Succeeded"
@@ -108,7 +105,7 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
 
     # metric SLO: the HPA now holds half the measured 4 per replica; 6 clients ask for 2 replicas.
     target = str(max(1, int(STREAMS[-1] * RATIO)))
-    wait_until(lambda: hpa_target(stack, namespace) == target, f"the HPA at {target}", 120)
+    wait_until(lambda: hpa_target(cluster, namespace, NAME) == target, f"the HPA at {target}", 120)
     load = Load(service_url(cluster, namespace, NAME), NAME, clients=6, max_tokens=32, max_seconds=600)
     load.start()
     try:
