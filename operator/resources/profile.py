@@ -116,26 +116,38 @@ def deadline_seconds(spec: InferenceServiceSpec) -> int:
     start and load, for each server the profile may start (TUNE_MAX_RUNS with tuneEngine)."""
     assert spec.slo is not None
     load = spec.slo.profile.seconds * STEP_OVERHEAD
-    servers = TUNE_MAX_RUNS if spec.slo.tune_engine else 1
+    servers = TUNE_MAX_RUNS if spec.slo.tune_engine and free_batch_settings(spec) else 1
     return int(servers * (spec.runtime.startup_timeout_seconds + load) + MARGIN_SECONDS)
 
 
 def with_engine_choice(spec: InferenceServiceSpec, choice: dict[str, Any] | None) -> InferenceServiceSpec:
     """The spec the replicas run: with spec.slo.tuneEngine, the profile's choice (status.profile.engine)
-    for each batch setting the spec leaves unset (tune.unset: neither its field nor the flag in extraArgs);
-    the spec itself otherwise (a user's setting always wins)."""
+    for each batch setting the spec leaves unset (`free_batch_settings`); the spec itself otherwise (a user's
+    setting always wins). A choice measured before the spec set the other setting may no longer fit it
+    (vLLM refuses a token budget below the batch's width): then the choice is left out until a new profile
+    chooses again."""
     if spec.slo is None or not spec.slo.tune_engine or not choice:
         return spec
     engine = spec.engine
-    values = {field: getattr(engine, field) for field in tune.FLAGS.values()}
     chosen = {
         field: choice[tune.KEYS[field]]
-        for field in tune.unset(values, engine.extra_args)
+        for field in free_batch_settings(spec)
         if isinstance(choice.get(tune.KEYS[field]), int)
     }
     if not chosen:
         return spec
+    tokens = chosen.get("max_num_batched_tokens", engine.max_num_batched_tokens)
+    seqs = chosen.get("max_num_seqs", engine.max_num_seqs)
+    if tokens is not None and seqs is not None and tokens < seqs:
+        return spec
     return spec.model_copy(update={"engine": engine.model_copy(update=chosen)})
+
+
+def free_batch_settings(spec: InferenceServiceSpec) -> frozenset[str]:
+    """The batch settings (tune.FLAGS' fields) the spec leaves to the profile: neither its engine field nor
+    the same flag in engine.extraArgs (runtime/tune.py decides the same in the profile)."""
+    values = {field: getattr(spec.engine, field) for field in tune.FLAGS.values()}
+    return tune.unset(values, spec.engine.extra_args)
 
 
 def _number(value: float) -> str:

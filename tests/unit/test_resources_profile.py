@@ -171,6 +171,30 @@ def test_a_setting_the_spec_gives_always_wins(
     assert (flag(args, "--max-num-batched-tokens"), flag(args, "--max-num-seqs")) == (tokens, seqs)
 
 
+@pytest.mark.parametrize(
+    ("engine", "choice"),
+    [
+        ({"maxNumSeqs": 512}, {"maxNumBatchedTokens": 256}),  # the spec's width set after the choice
+        ({"maxNumBatchedTokens": 64}, {"maxNumSeqs": 128}),
+    ],
+)
+def test_a_choice_that_no_longer_fits_the_spec_is_left_out(
+    engine: dict[str, Any], choice: dict[str, Any]
+) -> None:
+    """vLLM refuses a token budget below the batch's width: the replicas would not start until a new profile
+    (hours with tuning on a large model) chose again."""
+    spec = spec_with({**_tiny(), "engine": engine})
+    assert with_engine_choice(spec, choice) is spec
+
+
+def test_a_spec_that_gives_both_settings_gets_one_servers_deadline() -> None:
+    both = spec_with({**_tiny(), "engine": {"maxNumSeqs": 8, "maxNumBatchedTokens": 512}})
+    plain = spec_with(
+        {**_tiny(), "engine": {"maxNumSeqs": 8, "maxNumBatchedTokens": 512}}, slo={**SLO, "tuneEngine": False}
+    )
+    assert job_of(both)["spec"]["activeDeadlineSeconds"] == job_of(plain)["spec"]["activeDeadlineSeconds"]
+
+
 def test_without_tune_engine_or_a_choice_the_replicas_run_the_spec() -> None:
     spec = spec_with({**_tiny()}, slo={**SLO, "tuneEngine": False})
     assert with_engine_choice(spec, CHOICE) is spec
