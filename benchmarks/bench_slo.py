@@ -70,8 +70,8 @@ SHAPES: dict[str, dict[str, Any]] = {
 SMOKE_SHAPE = {
     "prompt": 24,
     "output": 32,
-    "ttft_ms": 60000,
-    "itl_ms": 25,
+    "ttft_ms": 100,
+    "itl_ms": 10,
     "streams": "1,64",
     "step_seconds": 2,
     "about": "smoke: small requests, one stream then 64",
@@ -173,6 +173,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         if r["ratio_median"] is not None:
             low, high = r["ratio_range"]
             ratio = f"{r['ratio_median']:.2f}x [{low:.2f}-{high:.2f}] ({len(r['rounds'])})"
+            if not r["chosen_flags"]:  # the defaults against themselves: how far two runs differ here
+                ratio += ", both sides the defaults: the noise"
         lines.append(
             f"| {name}: {shape['prompt']}/{shape['output']} tokens "
             f"| {shape['ttft_ms']} / {shape['itl_ms']} ms | "
