@@ -87,7 +87,7 @@ def slo_spec(opts: argparse.Namespace) -> dict[str, Any]:
         "ttftMs": opts.ttft_ms,
         "interTokenMs": opts.itl_ms,
         "request": {"promptTokens": opts.prompt_tokens, "outputTokens": opts.output_tokens},
-        "profile": {"streams": [1, 2, 4, 8], "stepSeconds": 10},
+        "profile": {"streams": [1, 2, 4, 8, 16], "stepSeconds": 10},
         "tuneEngine": False,  # the arms compare targets, on the same engine settings
     }
 

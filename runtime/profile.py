@@ -164,7 +164,7 @@ def add_profile_flags(parser: argparse.ArgumentParser) -> None:
         "--tune-max-runs",
         metavar="N",
         help=f"the most servers --tune-engine profiles, the replica's own settings first (default: "
-        f"{contract.TUNE_MAX_RUNS}, at least 2)",
+        f"{contract.TUNE_MAX_RUNS}, at least {tune.MIN_RUNS})",
     )
 
 
@@ -243,9 +243,10 @@ def profile_config(ns: argparse.Namespace) -> ProfileConfig:
         problems.append(f"--tokenizer: {ns.tokenizer!r} is not a folder")
     guidellm = check(_guidellm, ns.guidellm)
     runs = check(_positive, "--tune-max-runs", ns.tune_max_runs, int, contract.TUNE_MAX_RUNS)
-    if runs is not None and runs < 2:
+    if runs is not None and runs < tune.MIN_RUNS:
         problems.append(
-            f"--tune-max-runs: must be at least 2, the replica's settings and a candidate (got {runs})"
+            f"--tune-max-runs: must be at least {tune.MIN_RUNS}, the replica's settings, a candidate and the "
+            f"replica's settings again (got {runs})"
         )
     if problems:
         raise ConfigError("; ".join(problems))
@@ -611,15 +612,18 @@ def profile_server(
 def tune_engine(serve: ServeConfig, config: ProfileConfig, argv: Sequence[str]) -> dict[str, Any]:
     """The replica's own settings profiled first (the baseline: its failure is the profile's), then the
     token budgets and batch widths tune.py proposes, each a server of its own (one that fails is reported
-    and skipped); the result is the chosen run's, with `engine` (tune.engine_result)."""
+    and skipped), keeping one server for the baseline again when a candidate beats it (tune.choose then
+    compares with its better run); the result is the chosen run's, with `engine` (tune.engine_result)."""
     free = tune.tunable(serve)
     runs = [profile_server(serve, config, argv, tune.Batch())]
-    for batch in tune.budget_candidates(runs[0], free)[: config.tune_max_runs - 1]:
+    for batch in tune.budget_candidates(runs[0], free)[: config.tune_max_runs - 2]:
         runs.append(_candidate(serve, config, argv, batch))
-    room = config.tune_max_runs - len(runs)
+    room = config.tune_max_runs - 1 - len(runs)
     request_tokens = config.prompt_tokens + config.output_tokens
     for batch in tune.width_candidates(tune.choose(runs), runs[0], free, request_tokens, room):
         runs.append(_candidate(serve, config, argv, batch))
+    if tune.choose(runs) is not runs[0]:
+        runs.append(_candidate(serve, config, argv, tune.Batch()))  # the baseline again, to confirm
     chosen = tune.choose(runs)
     log.info(
         "Tuned the engine runs=%d chosen=%s goodput=%s baseline_goodput=%s",

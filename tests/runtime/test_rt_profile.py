@@ -71,32 +71,36 @@ def test_within_a_generous_slo_the_profile_reaches_a_step(
 
 def test_the_tuned_profile_restarts_the_engine_with_a_candidate_and_keeps_the_better(tmp_path: Path) -> None:
     """`make bench-slo`'s smoke run (benchmarks/bench_slo.py --smoke): `profile --tune-engine` with at most
-    two servers of its own, vLLM's defaults and one candidate, at an SLO of 100 ms TTFT and 10 ms inter-token
-    latency. One stream meets both by a wide margin on the tiny model (about 13 and 3 ms), 64 streams miss
-    at least one (about 280 and 23 ms), so an objective binds and the one candidate is vLLM's CPU token
-    budget (2048) halved when inter-token latency binds, doubled when TTFT does; which of the two servers
-    wins is the measurement's call, and the report must agree with it. A first step that fails (null
-    capacity) is tier 1's (tests/unit/test_profile_report.py), with a real report's numbers."""
+    three servers of its own, at an SLO of 100 ms TTFT and 10 ms inter-token latency. One stream meets both
+    by a wide margin on the tiny model (about 13 and 3 ms), 64 streams miss at least one (about 280 and
+    23 ms), so an objective binds and the one candidate is vLLM's CPU token budget (2048) halved when
+    inter-token latency binds, doubled when TTFT does. When the candidate beats vLLM's defaults they run
+    again, and it must beat their better run. Which wins is the measurement's call; the report must agree
+    with it. A first step that fails (null capacity) is tier 1's (tests/unit/test_profile_report.py)."""
     out = tmp_path / "bench-slo.json"
     argv = [sys.executable, str(REPO / "benchmarks" / "bench_slo.py"), "--smoke", "--json", str(out)]
     env = {key: value for key, value in os.environ.items() if key != "PAGODA_API_KEY"}
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=TUNE_TIMEOUT_S, env=env, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     shape = json.loads(out.read_text())["shapes"]["smoke"]
-    slo, engine = shape["shape"], shape["tune"]["engine"]
-    first, last = shape["tune"]["steps"]
-    assert (first["concurrency"], last["concurrency"]) == (1, 64)
-    assert first["meetsSlo"] is True and last["meetsSlo"] is False, (first, last)
-    assert first["errors"] == 0 and last["errors"] == 0
-    baseline, candidate = engine["candidates"]
-    itl_binds = last["interTokenP95Ms"] / slo["itl_ms"] > last["ttftP95Ms"] / slo["ttft_ms"]
+    slo, engine, steps = shape["shape"], shape["tune"]["engine"], shape["tune"]["steps"]
+    baseline, candidate, *again = engine["candidates"]
+    first = baseline if engine["maxNumBatchedTokens"] is None else candidate  # whose steps the result has
+    assert [step["concurrency"] for step in steps] == [1, 64] and all(s["errors"] == 0 for s in steps), steps
+    assert baseline["concurrency"] == 1 and baseline["requestsPerSecond"] > 0, (baseline, steps)
+    assert steps[0]["requestsPerSecond"] == first["requestsPerSecond"]
+    itl_binds = steps[1]["interTokenP95Ms"] / slo["itl_ms"] > steps[1]["ttftP95Ms"] / slo["ttft_ms"]
     assert (baseline["maxNumBatchedTokens"], baseline["maxNumSeqs"]) == (None, None)
     assert (candidate["maxNumBatchedTokens"], candidate["maxNumSeqs"]) == (1024 if itl_binds else 4096, None)
-    assert baseline["concurrency"] == 1 and baseline["requestsPerSecond"] > 0, baseline
-    assert engine["baselineGoodput"] == baseline["requestsPerSecond"]
-    better = (candidate["requestsPerSecond"] or 0) >= 1.05 * baseline["requestsPerSecond"]
+    # The defaults again exactly when the candidate beat their first run by 5%.
+    beat_first = (candidate["requestsPerSecond"] or 0) >= 1.05 * baseline["requestsPerSecond"]
+    assert len(again) == (1 if beat_first else 0), engine
+    assert all((run["maxNumBatchedTokens"], run["maxNumSeqs"]) == (None, None) for run in again)
+    best_baseline = max(run["requestsPerSecond"] or 0 for run in [baseline, *again])
+    assert engine["baselineGoodput"] == best_baseline
+    better = (candidate["requestsPerSecond"] or 0) >= 1.05 * best_baseline
     chosen = candidate if better else baseline
     assert engine["maxNumBatchedTokens"] == chosen["maxNumBatchedTokens"]
-    assert engine["goodput"] == chosen["requestsPerSecond"] == first["requestsPerSecond"]
+    assert engine["goodput"] == chosen["requestsPerSecond"]
     expected = ["--max-num-batched-tokens", str(candidate["maxNumBatchedTokens"])] if better else []
     assert shape["chosen_flags"] == expected

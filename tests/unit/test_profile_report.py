@@ -163,7 +163,7 @@ def test_serve_gets_every_flag_but_the_profiles() -> None:
         "--model", "file:///m", "--port", "8001", "--slo-ttft-ms", "500", "--slo-itl-ms=50",
         "--streams", "1,2", "--enable-lora", "--step-seconds", "5", "--result", "/tmp/r",
         "--guidellm", "/g", "--tokenizer", "/t", "--target", "http://x", "--max-num-seqs", "4",
-        "--prompt-tokens", "8", "--output-tokens", "4", "--tune-engine", "--tune-max-runs", "2",
+        "--prompt-tokens", "8", "--output-tokens", "4", "--tune-engine", "--tune-max-runs", "3",
     ]  # fmt: skip
     assert profile.serve_argv(argv) == [
         "--model", "file:///m", "--port", "8001", "--enable-lora", "--max-num-seqs", "4"
@@ -223,7 +223,7 @@ GOOD = ["--slo-ttft-ms", "500", "--slo-itl-ms", "50"]
         ([*GOOD, "--step-seconds", "0"], "--step-seconds: must be a positive float"),
         ([*GOOD, "--target", "127.0.0.1:8000", "--tokenizer", "/"], "--target: must be an http://"),
         ([*GOOD, "--target", "http://127.0.0.1:8000"], "--tokenizer: required with --target"),
-        ([*GOOD, "--tune-engine", "--tune-max-runs", "1"], "--tune-max-runs: must be at least 2"),
+        ([*GOOD, "--tune-engine", "--tune-max-runs", "2"], "--tune-max-runs: must be at least 3"),
         ([*GOOD, "--tune-engine", "--tune-max-runs", "two"], "--tune-max-runs: must be a positive int"),
         (
             [*GOOD, "--target", "http://127.0.0.1:8000", "--tokenizer", "/", "--tune-engine"],
