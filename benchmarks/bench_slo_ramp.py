@@ -1,7 +1,7 @@
 """The autoscaler on a load ramp: KEDA with `metric: SLO` (the in-flight target from the measured capacity)
 vs a fixed default target (`metric: InFlight`, Pagoda's default 32), one after the other in one run.
 
-    make bench-slo-ramp    (or: .venv/bin/python benchmarks/bench_slo_ramp.py [--ramp 2,4,8,12,12,4] ...)
+    make bench-slo-ramp    (or: .venv/bin/python benchmarks/bench_slo_ramp.py [--ramp 2,4,8,12,16,16,4] ...)
 
 1. A private local cluster with the real node (pods from the CPU runtime image), KEDA, kube-state-metrics and
    Prometheus (e2e/stack.py), and the operator.
@@ -238,11 +238,13 @@ def table(arms: dict[str, dict[str, Any]], opts: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--ramp", type=lambda t: [int(c) for c in t.split(",")], default=[2, 4, 8, 12, 12, 4])
+    parser.add_argument(
+        "--ramp", type=lambda t: [int(c) for c in t.split(",")], default=[2, 4, 8, 12, 16, 16, 4]
+    )
     parser.add_argument("--step-seconds", type=float, default=45.0, help="seconds at each step of the ramp")
     parser.add_argument("--order", default=",".join(ARMS), help=f"the arms, in order (of {', '.join(ARMS)})")
     parser.add_argument("--max-replicas", type=int, default=3)
-    parser.add_argument("--ttft-ms", type=float, default=1000.0, help="the TTFT objective (p95)")
+    parser.add_argument("--ttft-ms", type=float, default=200.0, help="the TTFT objective (p95)")
     parser.add_argument("--itl-ms", type=float, default=60.0, help="the inter-token objective (p95)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--output-tokens", type=int, default=32)
