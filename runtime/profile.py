@@ -369,8 +369,9 @@ def summarize(report: Mapping[str, Any], slo: Slo, prompt_tokens: int, output_to
 
 
 def fit(result: dict[str, Any]) -> dict[str, Any]:
-    """`result` with the last steps left out while its JSON exceeds MAX_RESULT_BYTES (never with MAX_STEPS
-    steps and the engine's candidates; the capacity and the choice are outside the steps anyway)."""
+    """`result` with the last steps left out while its JSON exceeds MAX_RESULT_BYTES (MAX_STEPS steps alone
+    fit; with the engine's candidates too the last steps may go; the capacity and the choice are outside the
+    steps anyway)."""
     while len(result_json(result)) > MAX_RESULT_BYTES and len(result["steps"]) > 1:
         result["steps"] = result["steps"][:-1]
     return result
@@ -630,7 +631,7 @@ def tune_engine(serve: ServeConfig, config: ProfileConfig, argv: Sequence[str]) 
         len(runs),
         chosen.batch.flags() or "the replica's own settings",
         chosen.goodput,
-        runs[0].goodput,
+        tune.baseline_goodput(runs),
     )
     result = dict(chosen.result or {})
     result["engine"] = tune.engine_result(runs, chosen)

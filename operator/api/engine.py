@@ -162,7 +162,11 @@ class EngineSpec(ApiModel):
 
     @model_validator(mode="after")
     def _batch_holds_its_sequences(self) -> EngineSpec:
-        tokens, seqs = self.max_num_batched_tokens, self.max_num_seqs
-        if tokens is not None and seqs is not None and tokens < seqs:
+        if not batch_holds_its_sequences(self.max_num_batched_tokens, self.max_num_seqs):
             raise ValueError(MSG_BATCHED_TOKENS)
         return self
+
+
+def batch_holds_its_sequences(tokens: int | None, seqs: int | None) -> bool:
+    """vLLM's rule for a step: a token budget of at least the batch's width (either unset: its default)."""
+    return tokens is None or seqs is None or tokens >= seqs

@@ -24,6 +24,7 @@ import json
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.api.engine import batch_holds_its_sequences
 from pagoda.operator.api.slo import SloSpec
 from pagoda.runtime import tune
 from pagoda.runtime.contract import TUNE_MAX_RUNS
@@ -138,7 +139,7 @@ def with_engine_choice(spec: InferenceServiceSpec, choice: dict[str, Any] | None
         return spec
     tokens = chosen.get("max_num_batched_tokens", engine.max_num_batched_tokens)
     seqs = chosen.get("max_num_seqs", engine.max_num_seqs)
-    if tokens is not None and seqs is not None and tokens < seqs:
+    if not batch_holds_its_sequences(tokens, seqs):
         return spec
     return spec.model_copy(update={"engine": engine.model_copy(update=chosen)})
 
