@@ -68,6 +68,10 @@ START_TIMEOUT = 180.0
 REQUEST_TIMEOUT = 900.0
 UPSTREAM_HEADER = "x-pagoda-upstream"  # added by Envoy to each response: the pod address it connected to
 HEALTH_CLUSTER = "picker_health"
+# How long Envoy keeps retrying to open a stream to the picker while none of its replicas is Ready: longer
+# than a hand-over to the standby when the leader is deleted (seconds) or killed (its 15 s Lease runs out).
+# Envoy's backoff is jittered: each wait is random below min(base x 2^n, max), about max / 2 on average.
+PICKER_RETRY = {"attempts": 60, "base": "0.25s", "max": "1s", "seconds": 30}
 # Envoy's config, with comments on each listener, cluster and filter; envoy_bootstrap() fills in the values.
 _BOOTSTRAP = jinja2.Environment(
     undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True
@@ -157,12 +161,29 @@ class Picker:
 
 
 def running_picker(cluster: Cluster, name: str, namespace: str, deadline: float) -> Picker:
-    """Waits for InferencePool `namespace/name`, its picker's Deployment rolled out (a Ready pod) and its
-    Service."""
+    """Waits for InferencePool `namespace/name`, its picker's Deployment rolled out (every replica of its
+    current template, one of them Ready) and its Service. With several replicas only the leader is ever
+    Ready (the others stand by), so `kubectl rollout status`, which waits for all of them, would not end."""
     pool = _wait_object(cluster, namespace, POOL_API, name, deadline)
     ref = pool["spec"]["endpointPickerRef"]
-    deployment = _wait_object(cluster, namespace, "deployment", ref["name"], deadline)
-    cluster.rollout_status(namespace, ref["name"], deadline - time.monotonic())
+
+    def rolled_out() -> dict[str, Any] | None:
+        deployment = _get(cluster, namespace, "deployment", ref["name"])
+        if deployment is None:
+            return None
+        status = deployment.get("status", {})
+        current = status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
+        replicas = deployment["spec"]["replicas"]
+        updated = status.get("updatedReplicas", 0) == status.get("replicas", 0) == replicas
+        return deployment if current and updated and status.get("readyReplicas", 0) >= 1 else None
+
+    deployment = wait_until(
+        rolled_out,
+        f"the picker {namespace}/{ref['name']} to roll out with a Ready replica",
+        timeout=deadline - time.monotonic(),
+        interval=0.5,
+        error=StartError,
+    )
     service = _wait_object(cluster, namespace, "service", ref["name"], deadline)
     selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json", "-l", selector).stdout)
@@ -198,6 +219,7 @@ def envoy_bootstrap(
         picker=picker,
         grpc_port=GRPC_PORT,
         health_port=HEALTH_PORT,
+        picker_retry=PICKER_RETRY,
         upstream_header=UPSTREAM_HEADER,
         health_cluster=HEALTH_CLUSTER,
         round_robin_port=round_robin_port,
@@ -216,6 +238,16 @@ def picker_healthy_in_envoy(admin_url: str) -> bool:
         return False
     prefix = f"{HEALTH_CLUSTER}::"
     return any(line.startswith(prefix) and line.endswith("::health_flags::healthy") for line in lines)
+
+
+def envoy_counter(admin_url: str, name: str) -> int:
+    """One of Envoy's counters (its admin /stats), e.g. `cluster.ext_proc.upstream_rq_retry`; 0 if absent."""
+    with urllib.request.urlopen(f"{admin_url}/stats?filter=^{name}$", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            key, _, value = line.partition(": ")
+            if key == name:
+                return int(value)
+    return 0
 
 
 # --- both -------------------------------------------------------------------------------------------------

@@ -9,11 +9,15 @@ The operator writes the InferencePool and the picker's Deployment, ConfigMap and
    picker's Service, queryable by the pool's name.
 3. Deleting the pod that serves the load fails no request: the picker drops a pod once it is terminating
    (during its preStop sleep, before the runtime drains), and requests already at it finish.
+4. The picker runs as a leader and a standby (the default two replicas): deleting the leader under load
+   fails no request. The standby takes the Lease once the leader lets it go and turns Ready; meanwhile
+   Envoy retries opening its stream to the picker's Service (e2e/envoy-bootstrap.yaml.j2).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,11 +28,12 @@ import yaml
 from e2e.chartenv import ChartOperator
 from e2e.cluster import Cluster
 from e2e.fixtures import tiny_sample
-from e2e.gateway import UPSTREAM_HEADER, Gateway, start_gateway
+from e2e.gateway import UPSTREAM_HEADER, Gateway, envoy_counter, start_gateway
 from e2e.observability import Load
 from e2e.processes import wait_until
-from e2e.realpods import finished, pods, ready_pods, samples, wait_condition
+from e2e.realpods import condition, finished, pods, ready_pods, samples, wait_condition
 from e2e.stack import Stack
+from pagoda.operator.resources.routing import leader_lease_name, picker_selector
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 NAMESPACE = "routing"
@@ -187,3 +192,68 @@ def _all_pods(cluster: Cluster) -> list[dict[str, Any]]:
         cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout
     )["items"]
     return found
+
+
+def picker_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The picker's pods that are not being deleted."""
+    selector = ",".join(f"{k}={v}" for k, v in picker_selector(NAME).items())
+    found = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)
+    return [p for p in found["items"] if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready_picker(cluster: Cluster) -> str | None:
+    """The name of the picker's one Ready pod (the leader), None while none is Ready."""
+    ready = [
+        p["metadata"]["name"] for p in picker_pods(cluster) if condition(p, "Ready").get("status") == "True"
+    ]
+    assert len(ready) <= 1, f"only the leader may be Ready: {ready}"
+    return ready[0] if ready else None
+
+
+def lease_holder(cluster: Cluster) -> str:
+    lease = json.loads(
+        cluster.kubectl(
+            "get", "lease", "-n", NAMESPACE, leader_lease_name(NAME, NAMESPACE), "-o", "json"
+        ).stdout
+    )
+    holder: str = lease["spec"]["holderIdentity"]
+    return holder
+
+
+def test_the_pickers_leader_deleted_under_load_hands_over_and_fails_no_request(
+    cluster: Cluster, gateway: Gateway
+) -> None:
+    leader = wait_until(lambda: ready_picker(cluster), "a Ready picker (the leader)", timeout=60)
+    standby = {p["metadata"]["name"] for p in picker_pods(cluster)} - {leader}
+    assert len(standby) == 1, f"a leader and a standby: {leader}, {standby}"
+    assert lease_holder(cluster).startswith(f"{leader}_")  # controller-runtime's identity: <pod>_<uuid>
+    load = Load(gateway.url, NAME, clients=2, pause=0.25, max_seconds=600).start()
+    try:
+        wait_until(lambda: load.completed >= 6, "requests to complete through Envoy", timeout=180)
+        deleted = time.monotonic()
+        cluster.kubectl("delete", "pod", "-n", NAMESPACE, leader, "--wait=false")
+
+        def another_leader() -> str | None:
+            name = ready_picker(cluster)
+            return name if name != leader else None
+
+        new_leader = wait_until(
+            another_leader,
+            "another picker to be Ready",
+            timeout=120,
+            interval=0.25,
+        )
+        handover = time.monotonic() - deleted
+        done = load.completed
+        wait_until(lambda: load.completed >= done + 6, "requests through the new leader", timeout=180)
+    finally:
+        load.stop()
+    # How often Envoy retried opening a stream to the picker (0 when no request arrived in the hand-over).
+    retries = envoy_counter(gateway.admin_url, "cluster.ext_proc.upstream_rq_retry")
+    print(
+        f"picker hand-over: {handover:.1f} s; ext_proc stream retries={retries}; "
+        f"completed={load.completed} failed={len(load.failures)}"
+    )
+    assert load.failures == [], load.failures
+    assert new_leader in standby  # the waiting replica took over, not the leader's replacement
+    assert lease_holder(cluster).startswith(f"{new_leader}_")

@@ -29,6 +29,9 @@ MAX_QUEUE_TIMEOUT_SECONDS = 3600
 WAITING_ROOM_MARGIN = 2
 # What the gateway route allows a request after its wait, unless routing.gateway.requestTimeoutSeconds says.
 RESPONSE_ALLOWANCE_SECONDS = 300
+# A leader and a standby: a picker that stops (a rollout, a drain, a crash) hands over within seconds.
+DEFAULT_PICKER_REPLICAS = 2
+MAX_PICKER_REPLICAS = 5
 
 
 class EndpointPickerSpec(ApiModel):
@@ -55,8 +58,17 @@ class EndpointPickerSpec(ApiModel):
         description="What the gateway does when the picker does not answer: FailClose refuses the request "
         "(nothing can hold it while no replica runs), FailOpen sends it to any pod of the pool.",
     )
-    cpu: Quantity = Field(default="1", description="CPU request of the picker.")
-    memory: Quantity = Field(default="1Gi", description="Memory request and limit of the picker.")
+    replicas: int = Field(
+        default=DEFAULT_PICKER_REPLICAS,
+        ge=1,
+        le=MAX_PICKER_REPLICAS,
+        description="Picker replicas. More than one elect a leader on a Lease (GIE's high-availability "
+        "mode): only the leader is Ready and picks, the others wait with the picker started and take over "
+        "within seconds when it stops (docs/routing.md). 1: no standby, and the picker's restart stops "
+        "routing until it is back.",
+    )
+    cpu: Quantity = Field(default="1", description="CPU request of each picker replica.")
+    memory: Quantity = Field(default="1Gi", description="Memory request and limit of each picker replica.")
 
 
 class GatewayRef(ApiModel):

@@ -30,8 +30,12 @@ HEALTH_PORT = 9003
 METRICS_PORT = 9090
 CONFIG_DIR = "/config"
 CONFIG_FILE = "config.yaml"
-# The picker's gRPC health service as GIE's chart probes it (one replica, no leader election).
+# The picker's gRPC health services as GIE's chart probes them. One replica: "inference-extension" (serving
+# once the pool has synced) for both probes. With leader election: "liveness" (always serving, so that a
+# standby is not restarted) and "readiness" (only the leader, once synced: the Service's one endpoint).
 HEALTH_SERVICE = "inference-extension"
+LIVENESS_SERVICE = "liveness"
+READINESS_SERVICE = "readiness"
 # Up to the runtime pods' longest drain (GIE's chart: "should mirror the longest grace period in the pool").
 PICKER_GRACE_SECONDS = 130
 # The picker's own Prometheus metric of requests its flow control holds (the scale-from-zero signal).
@@ -73,7 +77,7 @@ def routing_children(
     wait = waiting_room_seconds(routing.endpoint_picker.queue_timeout_seconds, typical_start)
     children = [
         service_account(name, namespace),
-        role(name, namespace),
+        role(name, namespace, routing.endpoint_picker.replicas),
         role_binding(name, namespace),
         config_map(name, namespace, spec, wait),
         picker_deployment(name, namespace, spec, wait),
@@ -149,9 +153,15 @@ def config_map(name: str, namespace: str, spec: InferenceServiceSpec, wait_secon
     }
 
 
-def picker_args(name: str, namespace: str) -> list[str]:
+def leader_lease_name(name: str, namespace: str) -> str:
+    """The Lease the picker's replicas elect a leader on (GIE's epp names it so, in the pool's namespace)."""
+    return f"epp-{namespace}-{name}.gateway-api-inference-extension.sigs.k8s.io"
+
+
+def picker_args(name: str, namespace: str, replicas: int = 1) -> list[str]:
     """The picker's command line as GIE's chart writes it for one pool (pool mode; metrics without auth,
-    since the ServiceMonitor scrapes them like the runtime's)."""
+    since the ServiceMonitor scrapes them like the runtime's); leader election with more than one replica."""
+    leader = ["--ha-enable-leader-election"] if replicas > 1 else []
     return [
         "--pool-name",
         name,
@@ -173,6 +183,7 @@ def picker_args(name: str, namespace: str) -> list[str]:
         "json",
         "--v",
         "1",
+        *leader,
     ]
 
 
@@ -182,11 +193,13 @@ def picker_deployment(
     assert spec.routing is not None
     picker = spec.routing.endpoint_picker
     memory = canonical(picker.memory)
-    probe = {"grpc": {"port": HEALTH_PORT, "service": HEALTH_SERVICE}}
+    elects = picker.replicas > 1
+    live = LIVENESS_SERVICE if elects else HEALTH_SERVICE
+    ready = READINESS_SERVICE if elects else HEALTH_SERVICE
     container = {
         "name": "epp",
         "image": picker.image,
-        "args": picker_args(name, namespace),
+        "args": picker_args(name, namespace, picker.replicas),
         "env": [
             {"name": "NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -200,8 +213,12 @@ def picker_deployment(
             "requests": {"cpu": canonical(picker.cpu), "memory": memory},
             "limits": {"memory": memory},
         },
-        "livenessProbe": {**probe, "initialDelaySeconds": 5, "periodSeconds": 10},
-        "readinessProbe": {**probe, "periodSeconds": 2},
+        "livenessProbe": {
+            "grpc": {"port": HEALTH_PORT, "service": live},
+            "initialDelaySeconds": 5,
+            "periodSeconds": 10,
+        },
+        "readinessProbe": {"grpc": {"port": HEALTH_PORT, "service": ready}, "periodSeconds": 2},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -227,11 +244,14 @@ def picker_deployment(
             },
             "containers": [container],
             "volumes": [{"name": "config", "configMap": {"name": picker_name(name)}}],
+            **({"affinity": _apart(name)} if elects else {}),
         },
     }
     body = {
-        # One active picker: its prefix-cache index lives in memory (GIE's chart: Recreate, one replica).
-        "replicas": 1,
+        # One active picker (the leader, when several): its prefix-cache index lives in memory. Recreate, as
+        # in GIE's chart: a rolling update would wait forever for a new replica to be Ready, and only a
+        # leader is. So a change to the picker restarts every replica at once, and routing waits for one.
+        "replicas": picker.replicas,
         "strategy": {"type": "Recreate"},
         "selector": {"matchLabels": picker_selector(name)},
         "template": template,
@@ -241,6 +261,16 @@ def picker_deployment(
         "kind": "Deployment",
         "metadata": picker_metadata(name, namespace),
         "spec": body,
+    }
+
+
+def _apart(name: str) -> dict[str, Any]:
+    """The picker's replicas on different nodes where there is room: one node lost takes one replica."""
+    term = {"labelSelector": {"matchLabels": picker_selector(name)}, "topologyKey": "kubernetes.io/hostname"}
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+        }
     }
 
 
@@ -293,12 +323,32 @@ PICKER_RULES: list[dict[str, Any]] = [
 ]
 
 
-def role(name: str, namespace: str) -> dict[str, Any]:
+# What leader election needs besides (client-go's Lease lock): read, create and renew the Lease; the Event
+# it records on a new leader. `get` and `update` only on the pool's own Lease (RBAC cannot limit `create`).
+LEADER_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+
+def picker_rules(name: str, namespace: str, replicas: int) -> list[dict[str, Any]]:
+    if replicas == 1:
+        return PICKER_RULES
+    lease = {
+        "apiGroups": ["coordination.k8s.io"],
+        "resources": ["leases"],
+        "resourceNames": [leader_lease_name(name, namespace)],
+        "verbs": ["get", "update"],
+    }
+    return [*PICKER_RULES, lease, *LEADER_RULES]
+
+
+def role(name: str, namespace: str, replicas: int = 1) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": picker_metadata(name, namespace),
-        "rules": PICKER_RULES,
+        "rules": picker_rules(name, namespace, replicas),
     }
 
 

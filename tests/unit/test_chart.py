@@ -21,7 +21,7 @@ import yaml
 
 from pagoda.operator.handlers import OBSERVED_KINDS
 from pagoda.operator.resources import CHILD_KINDS
-from pagoda.operator.resources.routing import PICKER_RULES
+from pagoda.operator.resources.routing import picker_rules
 from tests.repo import REPO
 
 CHART = REPO / "charts" / "pagoda"
@@ -197,8 +197,9 @@ def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str
         expected[(api_version.rpartition("/")[0], plural)] = {"list", "watch"}
     # spec.engine.chatTemplate.configMap: the user's ConfigMap is read (reconcile/chattemplate.py).
     expected[("", "configmaps")].add("get")
-    # What the endpoint picker's Role grants (spec.routing), which the operator must hold to grant it.
-    for rule in PICKER_RULES:
+    # What the endpoint picker's Role grants (spec.routing), which the operator must hold to grant it: with
+    # several replicas (the default), the most (leader election's Lease and Events).
+    for rule in picker_rules("tiny", "team-a", replicas=2):
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 expected.setdefault((group, resource), set()).update(rule["verbs"])

@@ -14,7 +14,14 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.gateway import HEALTH_CLUSTER, UPSTREAM_HEADER, Picker, envoy_binary, envoy_bootstrap
+from e2e.gateway import (
+    HEALTH_CLUSTER,
+    PICKER_RETRY,
+    UPSTREAM_HEADER,
+    Picker,
+    envoy_binary,
+    envoy_bootstrap,
+)
 from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT
 
 PICKER = Picker(fail_open=False, service_ip="10.96.0.20", pod_ip="10.244.0.9")
@@ -56,6 +63,11 @@ def test_the_values_land_where_they_belong(fail_open: bool) -> None:
     assert ext_proc["grpc_service"]["envoy_grpc"]["authority"] == f"10.96.0.20:{GRPC_PORT}"
     assert ext_proc["message_timeout"] == "42s"
     assert ext_proc["failure_mode_allow"] is fail_open
+    # Opening a stream to the picker is retried through a leader's hand-over (a refused connection).
+    retry = ext_proc["grpc_service"]["retry_policy"]
+    assert "connect-failure" in retry["retry_on"].split(",")
+    assert retry["num_retries"] == PICKER_RETRY["attempts"] >= 30
+    assert retry["retry_back_off"] == {"base_interval": "0.25s", "max_interval": "1s"}
     clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
     assert list(clusters) == ["original_destination", "ext_proc", HEALTH_CLUSTER]
 

@@ -19,7 +19,14 @@ from pagoda.operator.reconcile.kube import KubeError
 from pagoda.operator.reconcile.problems import apply_problem
 from pagoda.operator.reconcile.status import ready_condition, scale_from_zero_wait
 from pagoda.operator.resources import desired_children, labels, selector
-from pagoda.operator.resources.routing import CONFIG_DIR, CONFIG_FILE, CONFIG_HASH_ANNOTATION, QUEUE_METRIC
+from pagoda.operator.resources.routing import (
+    CONFIG_DIR,
+    CONFIG_FILE,
+    CONFIG_HASH_ANNOTATION,
+    PICKER_RULES,
+    QUEUE_METRIC,
+    leader_lease_name,
+)
 from pagoda.runtime.contract import HTTP_PORT
 
 BASE: dict[str, Any] = {
@@ -112,6 +119,63 @@ def test_picker_reads_the_config_the_operator_writes() -> None:
     assert refs == {"queue-scorer", "kv-cache-utilization-scorer", "prefix-cache-scorer"}
     assert refs <= {plugin["type"] for plugin in config["plugins"]}
     assert pod["serviceAccountName"] == built[("RoleBinding", "tiny-epp")]["subjects"][0]["name"]
+
+
+def picker(replicas: int | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The picker's pod spec and its Role's rules, at `replicas` (None: the default)."""
+    endpoint_picker = {"queueTimeoutSeconds": 240} | ({} if replicas is None else {"replicas": replicas})
+    built = children({**BASE, "routing": {"endpointPicker": endpoint_picker}})
+    deployment = built[("Deployment", "tiny-epp")]["spec"]
+    assert deployment["replicas"] == (2 if replicas is None else replicas)
+    assert deployment["strategy"] == {"type": "Recreate"}  # a rolling update would wait for a standby's Ready
+    return deployment["template"]["spec"], built[("Role", "tiny-epp")]["rules"]
+
+
+def test_pickers_elect_a_leader_and_only_the_leader_is_ready() -> None:
+    for replicas in (None, 3):  # the default is a leader and a standby
+        pod, rules = picker(replicas)
+        container = pod["containers"][0]
+        assert "--ha-enable-leader-election" in container["args"]
+        # The standby answers `liveness` (never restarted for waiting) but not `readiness` (no traffic).
+        assert container["livenessProbe"]["grpc"]["service"] == "liveness"
+        assert container["readinessProbe"]["grpc"]["service"] == "readiness"
+        term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert matches(term["podAffinityTerm"]["labelSelector"]["matchLabels"], pod_labels(replicas))
+        lease = [rule for rule in rules if rule.get("resourceNames")]
+        assert lease == [
+            {
+                "apiGroups": ["coordination.k8s.io"],
+                "resources": ["leases"],
+                "resourceNames": ["epp-ns-tiny.gateway-api-inference-extension.sigs.k8s.io"],
+                "verbs": ["get", "update"],
+            }
+        ]
+        assert lease[0]["resourceNames"] == [leader_lease_name("tiny", "ns")]
+
+
+def pod_labels(replicas: int | None) -> dict[str, str]:
+    endpoint_picker = {} if replicas is None else {"replicas": replicas}
+    built = children({**BASE, "routing": {"endpointPicker": endpoint_picker}})
+    return dict(built[("Deployment", "tiny-epp")]["spec"]["template"]["metadata"]["labels"])
+
+
+def test_one_picker_runs_without_an_election() -> None:
+    pod, rules = picker(1)
+    container = pod["containers"][0]
+    assert "--ha-enable-leader-election" not in container["args"]
+    assert container["livenessProbe"]["grpc"]["service"] == "inference-extension"
+    assert container["readinessProbe"]["grpc"]["service"] == "inference-extension"
+    assert "affinity" not in pod
+    assert rules == PICKER_RULES  # no Lease, no Events
+
+
+def test_picker_replicas_are_bounded() -> None:
+    for replicas in (0, 6):
+        with pytest.raises(ValueError, match="replicas"):
+            InferenceServiceSpec.model_validate(
+                {**BASE, "routing": {"endpointPicker": {"replicas": replicas}}}
+            )
 
 
 def test_lora_affinity_only_with_adapters() -> None:
