@@ -147,7 +147,8 @@ def bench_sample(blocks: int, max_model_len: int) -> dict[str, Any]:
     spec["runtime"]["startupTimeoutSeconds"] = 900
     # The real node has two cores to share: small CPU requests (the engines still use idle cores).
     spec["resources"]["cpu"] = "250m"
-    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600, "cpu": "250m"}}
+    # One picker: the benchmark compares picking, and a standby would only take a share of the two cores.
+    spec["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 600, "cpu": "250m", "replicas": 1}}
     return sample
 
 

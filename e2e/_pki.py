@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -270,3 +271,34 @@ def write_tls_dir(directory: Path, common_name: str, dns_names: list[str], ips: 
     tls.cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
     _write_key(tls.key, leaf_key)
     return tls
+
+
+class SecretVolume:
+    """A kubernetes.io/tls Secret as the kubelet mounts it: tls.crt -> ..data/tls.crt, ..data -> a folder;
+    an update (`write`) fills a new folder and renames a new ..data link over the old one (one atomic swap),
+    as the kubelet does when cert-manager renews the Secret."""
+
+    def __init__(self, root: Path) -> None:
+        self.root, self.generation = root, 0
+        root.mkdir()
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            (root / name).symlink_to(f"..data/{name}")
+
+    @property
+    def cert(self) -> str:
+        """The path the runtime is given for --tls-cert-file (through the links, as in a pod)."""
+        return str(self.root / "tls.crt")
+
+    @property
+    def key(self) -> str:
+        return str(self.root / "tls.key")
+
+    def write(self, source: TlsDir) -> None:
+        self.generation += 1
+        folder = self.root / f"..2026_12_05_{self.generation}"
+        folder.mkdir()
+        for name in ("tls.crt", "tls.key", "ca.crt"):
+            (folder / name).write_bytes((source.directory / name).read_bytes())
+        link = self.root / "..data_tmp"
+        link.symlink_to(folder.name)
+        os.replace(link, self.root / "..data")

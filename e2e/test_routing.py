@@ -10,15 +10,17 @@ The operator writes the InferencePool and the picker's Deployment, ConfigMap and
 3. Deleting the pod that serves the load fails no request: the picker drops a pod once it is terminating
    (during its preStop sleep, before the runtime drains), and requests already at it finish.
 4. The picker runs as a leader and a standby (the default two replicas): deleting the leader under load
-   fails no request. The standby takes the Lease once the leader lets it go and turns Ready; meanwhile
+   fails no request. Another replica takes the Lease once the leader lets it go and turns Ready; meanwhile
    Envoy retries opening its stream to the picker's Service (e2e/envoy-bootstrap.yaml.j2).
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
@@ -220,6 +222,28 @@ def lease_holder(cluster: Cluster) -> str:
     return holder
 
 
+@contextmanager
+def picker_logs(cluster: Cluster, pods: set[str]) -> Iterator[None]:
+    """Follows the picker pods' logs into <cluster workdir>/logs/picker-<pod>.log while the block runs (a
+    deleted pod's log is gone with it), then writes those of the picker pods started meanwhile."""
+    follows = []
+    for pod in sorted(pods):
+        out = (cluster.workdir / "logs" / f"picker-{pod}.log").open("wb")
+        argv = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "logs", "-f"]
+        proc = subprocess.Popen([*argv, "-n", NAMESPACE, pod], stdout=out, stderr=subprocess.STDOUT)
+        follows.append((proc, out))
+    try:
+        yield
+    finally:
+        for proc, out in follows:
+            proc.terminate()
+            proc.wait(timeout=10)
+            out.close()
+        for pod in {p["metadata"]["name"] for p in picker_pods(cluster)} - pods:
+            log = cluster.kubectl("logs", "-n", NAMESPACE, pod, check=False)
+            (cluster.workdir / "logs" / f"picker-{pod}.log").write_text(log.stdout + log.stderr)
+
+
 def test_the_pickers_leader_deleted_under_load_hands_over_and_fails_no_request(
     cluster: Cluster, gateway: Gateway
 ) -> None:
@@ -228,26 +252,27 @@ def test_the_pickers_leader_deleted_under_load_hands_over_and_fails_no_request(
     assert len(standby) == 1, f"a leader and a standby: {leader}, {standby}"
     assert lease_holder(cluster).startswith(f"{leader}_")  # controller-runtime's identity: <pod>_<uuid>
     load = Load(gateway.url, NAME, clients=2, pause=0.25, max_seconds=600).start()
-    try:
-        wait_until(lambda: load.completed >= 6, "requests to complete through Envoy", timeout=180)
-        deleted = time.monotonic()
-        cluster.kubectl("delete", "pod", "-n", NAMESPACE, leader, "--wait=false")
+    with picker_logs(cluster, {leader, *standby}):
+        try:
+            wait_until(lambda: load.completed >= 6, "requests to complete through Envoy", timeout=180)
+            deleted = time.monotonic()
+            cluster.kubectl("delete", "pod", "-n", NAMESPACE, leader, "--wait=false")
 
-        def another_leader() -> str | None:
-            name = ready_picker(cluster)
-            return name if name != leader else None
+            def another_leader() -> str | None:
+                name = ready_picker(cluster)
+                return name if name != leader else None
 
-        new_leader = wait_until(
-            another_leader,
-            "another picker to be Ready",
-            timeout=120,
-            interval=0.25,
-        )
-        handover = time.monotonic() - deleted
-        done = load.completed
-        wait_until(lambda: load.completed >= done + 6, "requests through the new leader", timeout=180)
-    finally:
-        load.stop()
+            new_leader = wait_until(
+                another_leader,
+                "another picker to be Ready",
+                timeout=120,
+                interval=0.25,
+            )
+            handover = time.monotonic() - deleted
+            done = load.completed
+            wait_until(lambda: load.completed >= done + 6, "requests through the new leader", timeout=180)
+        finally:
+            load.stop()
     # How often Envoy retried opening a stream to the picker (0 when no request arrived in the hand-over).
     retries = envoy_counter(gateway.admin_url, "cluster.ext_proc.upstream_rq_retry")
     print(
@@ -255,5 +280,7 @@ def test_the_pickers_leader_deleted_under_load_hands_over_and_fails_no_request(
         f"completed={load.completed} failed={len(load.failures)}"
     )
     assert load.failures == [], load.failures
-    assert new_leader in standby  # the waiting replica took over, not the leader's replacement
+    # The Lease goes to whichever replica asks first once the leader lets it go: the standby (it asks every
+    # 2 s) or the leader's replacement, which the ReplicaSet starts as soon as the leader is deleted.
+    assert new_leader != leader
     assert lease_holder(cluster).startswith(f"{new_leader}_")

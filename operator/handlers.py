@@ -4,7 +4,9 @@ The InferenceService itself, every child kind and the pods (labelled managed-by 
 by the API server) are watched with `kopf.on.event`, which keeps no state on the objects: no finalizer, no
 last-handled annotation, nothing written back by kopf. A child's or a pod's event queues its owner (the
 `pagoda.dev/inferenceservice` label), so a deleted or hand-edited child is restored, status follows the
-Deployment's readiness, and a crashing pod's reason reaches the Degraded condition.
+Deployment's readiness, and a crashing pod's reason reaches the Degraded condition. Nodes are watched too
+(all of them, cluster-scoped, when the operator may list them): a Node whose readiness or node lifecycle
+taints change queues every owner with a pod on it (NodeLost, reconcile/nodes.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import kopf
 
 from pagoda.operator.api import GROUP, PLURAL, VERSION
 from pagoda.operator.reconcile.cache import ObjectCache
+from pagoda.operator.reconcile.nodes import NODE_KIND
 from pagoda.operator.reconcile.pods import POD_KIND
 from pagoda.operator.reconcile.scaling import HPA_KIND
 from pagoda.operator.reconcile.workqueue import WorkQueue
@@ -85,8 +88,13 @@ def connection_info(config: Any) -> kopf.ConnectionInfo:
 
 
 def build_registry(
-    queue: WorkQueue, cache: ObjectCache, client_config: Any, watch_timeout: int = 600
+    queue: WorkQueue,
+    cache: ObjectCache,
+    client_config: Any,
+    watch_timeout: int = 600,
+    watch_nodes: bool = True,
 ) -> kopf.OperatorRegistry:
+    """`watch_nodes`: also watch Nodes (off when the operator may not list them)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
@@ -128,6 +136,15 @@ def build_registry(
             id=f"child-{plural}",
             param=(api_version, kind),
         )(child_event)
+
+    async def node_event(type: str, event: kopf.RawEvent, name: str, **_: Any) -> None:
+        if cache.observe_node(dict(event["object"]), deleted=type == "DELETED"):
+            for key in cache.owners_on_node(name):
+                queue.add(key)
+
+    if watch_nodes:
+        api_version, _kind, plural = NODE_KIND
+        kopf.on.event(api_version, plural, registry=registry, id="nodes")(node_event)
 
     logging.getLogger("kopf").setLevel(logging.WARNING)
     return registry

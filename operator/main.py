@@ -29,6 +29,7 @@ from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.leader import LeaderElector
 from pagoda.operator.reconcile.management import KeyUnavailable, load_signer, parse_namespaced_name
+from pagoda.operator.reconcile.nodes import NODE_KIND
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
 
@@ -132,10 +133,13 @@ def api_client(kubeconfig: str | None, pool_size: int) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
-def refresh(kube: Kube, cache: ObjectCache, namespace: str | None) -> list[dict[str, object]]:
-    """List InferenceServices, every child kind and the pods into the cache (one list per kind, read a page
-    at a time so that only the cache's slim copy of each pod is kept), and forget which Secrets were seen
-    and the chat templates read from ConfigMaps; returns the owners."""
+def refresh(
+    kube: Kube, cache: ObjectCache, namespace: str | None, nodes: bool = True
+) -> list[dict[str, object]]:
+    """List InferenceServices, every child kind, the pods and the Nodes into the cache (one list per kind,
+    read a page at a time so that only the cache's slim copy of each pod and Node is kept), and forget which
+    Secrets were seen and the chat templates read from ConfigMaps; returns the owners. `nodes`: the Nodes
+    too (not when they are not watched: a listed copy would go stale between resyncs)."""
     cache.forget_secrets()
     cache.forget_chat_templates()
     for api_version, kind, plural in WATCHED_KINDS:
@@ -145,20 +149,35 @@ def refresh(kube: Kube, cache: ObjectCache, namespace: str | None) -> list[dict[
         except KubeError as exc:
             if exc.status != 404:  # 404: that API (e.g. KEDA) is not installed
                 raise
+    if nodes:
+        refresh_nodes(kube, cache)
     owners = kube.list(API_VERSION, PLURAL, namespace)
     cache.replace(API_VERSION, KIND, owners)
     return list(owners)
 
 
+def refresh_nodes(kube: Kube, cache: ObjectCache) -> None:
+    """List every Node into the cache (slim); when the operator may not (RBAC), it holds none and reports
+    no node lost."""
+    api_version, _kind, plural = NODE_KIND
+    try:
+        cache.replace_nodes(kube.list_pages(api_version, plural, None))
+    except KubeError as exc:
+        if exc.status != 403:
+            raise
+        log.warning("Failed to list nodes: forbidden; replicas on lost nodes are not reported")
+        cache.forget_nodes()
+
+
 async def resync(
-    kube: Kube, cache: ObjectCache, queue: WorkQueue, namespace: str | None, every: float
+    kube: Kube, cache: ObjectCache, queue: WorkQueue, namespace: str | None, every: float, nodes: bool = True
 ) -> None:
     """Periodically refresh the cache and queue every InferenceService: catches what no watch reports
     (a Secret created later, an edited chat template ConfigMap) and anything a watch missed."""
     while True:
         await asyncio.sleep(every)
         try:
-            owners = await asyncio.to_thread(refresh, kube, cache, namespace)
+            owners = await asyncio.to_thread(refresh, kube, cache, namespace, nodes)
         except Exception as exc:
             log.warning("Failed to list objects for resync error=%r", str(exc))
             continue
@@ -259,10 +278,13 @@ async def reconcile_all(
     )
     metrics.LEADER.set(1)
     tasks += [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
-    tasks.append(asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds)))
+    watch_nodes = cache.nodes_known()  # the first list of Nodes was allowed
+    tasks.append(
+        asyncio.create_task(resync(kube, cache, queue, args.namespace, args.resync_seconds, watch_nodes))
+    )
     operator_task = asyncio.create_task(
         kopf.operator(
-            registry=build_registry(queue, cache, api.configuration),
+            registry=build_registry(queue, cache, api.configuration, watch_nodes=watch_nodes),
             clusterwide=args.namespace is None,
             namespaces=[args.namespace] if args.namespace else [],
             standalone=True,

@@ -76,6 +76,16 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
         termination.write(termination.invalid_config(str(exc)))
         parser.exit(2, f"pagoda-runtime serve: error: {exc}\n")
 
+    certificate = None
+    if config.tls_cert_file is not None and config.tls_key_file is not None:
+        from pagoda.runtime import tls
+
+        try:
+            certificate = tls.CertificateReloader(config.tls_cert_file, config.tls_key_file)
+        except tls.TlsError as exc:
+            termination.write(termination.tls_invalid(str(exc)))
+            parser.exit(2, f"pagoda-runtime serve: error: {exc}\n")
+
     try:
         sources.check_local(config.model)
     except sources.ModelSourceError as exc:  # the same lines as a failure after the engine's imports
@@ -92,7 +102,7 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
     modelinfo.install()
     vllm_args = _parse_vllm_args(engine, config)
     log.info("Starting runtime model=%s name=%s port=%d", config.model, config.name, config.port)
-    runtime = lifecycle.Runtime(config, vllm_args)
+    runtime = lifecycle.Runtime(config, vllm_args, certificate)
     code: int = uvloop.run(runtime.run())
     if runtime.abandoned_load:  # see Runtime.abandoned_load: the exit code must be the one decided here
         logging.shutdown()

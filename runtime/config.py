@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 import os
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from pagoda.runtime import contract, management, vllmflags
 from pagoda.runtime.chattemplate import compile_error
@@ -57,6 +65,8 @@ class ServeConfig(BaseModel):
     cache_dir: str = contract.CACHE_DIR
     cache_max_bytes: int | None = Field(default=None, gt=0)  # evict unused models past it (modelcache.py)
     management_public_key_file: str | None = Field(default=None, min_length=1)
+    tls_cert_file: str | None = Field(default=None, min_length=1)  # both or neither (tls.py)
+    tls_key_file: str | None = Field(default=None, min_length=1)
     extra_args: tuple[str, ...] = ()
 
     @field_validator("model")
@@ -158,6 +168,22 @@ class ServeConfig(BaseModel):
                 raise ValueError(f"{owned} is set by pagoda-runtime itself; use its own flag instead")
         return value
 
+    @model_validator(mode="after")
+    def _tls_pair(self) -> ServeConfig:
+        """The files themselves are checked by tls.load (cli.py), whose failure has its own reason."""
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            given, missing = (
+                ("--tls-cert-file", "--tls-key-file")
+                if self.tls_key_file is None
+                else ("--tls-key-file", "--tls-cert-file")
+            )
+            raise ValueError(f"{missing}: required with {given} (TLS takes both files, or neither)")
+        return self
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert_file is not None
+
     @property
     def lora_enabled(self) -> bool:
         """--enable-lora, or any other LoRA flag (which imply it)."""
@@ -248,6 +274,14 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
         help="the operator's Ed25519 public key: the management API (adapters) answers only calls signed "
         "with its private key (runtime/management.py); without it the management API answers 403",
     )
+    tls = parser.add_argument_group("TLS (both or neither)")
+    tls.add_argument(
+        "--tls-cert-file",
+        metavar="PEM",
+        help="serve HTTPS with this certificate (chain) on the one port; the files are looked at every few "
+        "seconds and a renewed certificate is used for new connections without a restart (runtime/tls.py)",
+    )
+    tls.add_argument("--tls-key-file", metavar="PEM", help="the certificate's private key (unencrypted)")
 
 
 def config_from_args(ns: argparse.Namespace, extra_args: list[str]) -> ServeConfig:
@@ -260,7 +294,10 @@ def config_from_args(ns: argparse.Namespace, extra_args: list[str]) -> ServeConf
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            field = str(err["loc"][0]) if err["loc"] else "?"
+            if not err["loc"]:  # a rule across flags: its message names them
+                problems.append(str(err["msg"]).removeprefix("Value error, "))
+                continue
+            field = str(err["loc"][0])
             flag = "arguments after --" if field == "extra_args" else flag_name(field)
             given = values.get(field)
             problems.append(f"{flag}: {err['msg']} (got {given!r})")

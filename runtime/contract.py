@@ -43,6 +43,16 @@ MANAGEMENT_KEY_DIR = "/etc/pagoda/management"
 MANAGEMENT_KEY_FILE = "public-key.pem"
 MANAGEMENT_PUBLIC_KEY_PATH = f"{MANAGEMENT_KEY_DIR}/{MANAGEMENT_KEY_FILE}"
 
+# TLS (spec.runtime.tls): the Secret (type kubernetes.io/tls, cert-manager's key names) is mounted read-only
+# here; the runtime gets the two files as --tls-cert-file and --tls-key-file and reloads them when the kubelet
+# swaps in a renewed certificate. ca.crt, when the Secret has one, is what clients verify the pods against.
+TLS_DIR = "/etc/pagoda/tls"
+TLS_CERT_KEY = "tls.crt"
+TLS_KEY_KEY = "tls.key"
+TLS_CA_KEY = "ca.crt"
+TLS_CERT_PATH = f"{TLS_DIR}/{TLS_CERT_KEY}"
+TLS_KEY_PATH = f"{TLS_DIR}/{TLS_KEY_KEY}"
+
 # The runtime's gauges the ScaledObject's Prometheus queries read (docs/observability.md).
 QUEUE_DEPTH_METRIC = "pagoda_queue_depth"
 RUNNING_REQUESTS_METRIC = "pagoda_running_requests"

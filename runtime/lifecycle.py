@@ -27,6 +27,7 @@ from pagoda.runtime.modelcache import ModelCache
 from pagoda.runtime.progress import ProgressWatch
 from pagoda.runtime.server import PagodaApp, RuntimeState
 from pagoda.runtime.startup import StartupClock, folder_bytes
+from pagoda.runtime.tls import CertificateReloader
 
 KEEP_ALIVE_SECONDS = 65
 # A drain ends once no request came for this long (and none is inside): clients under load send their next
@@ -96,9 +97,13 @@ def _name(proc: psutil.Process) -> str:
 
 
 class Runtime:
-    def __init__(self, config: ServeConfig, vllm_args: Any) -> None:
+    def __init__(
+        self, config: ServeConfig, vllm_args: Any, certificate: CertificateReloader | None = None
+    ) -> None:
+        """`certificate`: serve HTTPS with it (--tls-cert-file, --tls-key-file; tls.py), else plain HTTP."""
         self.config = config
         self.vllm_args = vllm_args
+        self.certificate = certificate
         adapters = AdapterManager(config.name, config.cache_dir, config.drain_timeout, config.lora_enabled)
         self.state = RuntimeState(
             config.name,
@@ -136,26 +141,37 @@ class Runtime:
         except OSError as exc:
             termination.write(termination.bind_failed(self.config.host, self.config.port, str(exc)))
             return 1
-        server = _NoSignalServer(
-            uvicorn.Config(
-                PagodaApp(self.state),
-                lifespan="off",
-                log_level="warning",
-                access_log=False,
-                # Longer than the idle timeout of the proxies and gateways in front (60 s is common; the
-                # harness's Envoy uses 30 s): a proxy that reuses a connection the runtime has just closed
-                # answers its client 503 (seen with 5 s: 2 of 600 requests through Envoy).
-                timeout_keep_alive=KEEP_ALIVE_SECONDS,
-                timeout_graceful_shutdown=5,
-            )
+        http = uvicorn.Config(
+            PagodaApp(self.state),
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            # Longer than the idle timeout of the proxies and gateways in front (60 s is common; the
+            # harness's Envoy uses 30 s): a proxy that reuses a connection the runtime has just closed
+            # answers its client 503 (seen with 5 s: 2 of 600 requests through Envoy).
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            timeout_graceful_shutdown=5,
         )
+        reload_task = None
+        if self.certificate is not None:  # uvicorn listens with the reloader's context (tls.py)
+            http.load()
+            http.ssl = self.certificate.context
+            reload_task = asyncio.create_task(self.certificate.watch())
+        server = _NoSignalServer(http)
         server_task = asyncio.create_task(server.serve(sockets=[sock]))
-        log.info("Started HTTP server host=%s port=%d", self.config.host, self.config.port)
+        log.info(
+            "Started HTTP server host=%s port=%d tls=%s",
+            self.config.host,
+            self.config.port,
+            str(self.certificate is not None).lower(),
+        )
         async with AsyncExitStack() as stack:
             await self._load_and_serve(server, stack)
             await self._drain()
             server.should_exit = True
             await asyncio.wait({server_task}, timeout=15)
+        if reload_task is not None:
+            reload_task.cancel()
         await self._shutdown_engine()
         sock.close()
         reap_children()

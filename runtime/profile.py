@@ -239,6 +239,11 @@ def profile_config(ns: argparse.Namespace) -> ProfileConfig:
         problems.append("--tune-engine: restarts the server it profiles, so it cannot be used with --target")
     if ns.target is not None and ns.tokenizer is None:
         problems.append("--tokenizer: required with --target (the folder of the served model's tokenizer)")
+    if ns.tls_cert_file is not None or ns.tls_key_file is not None:
+        problems.append(
+            "--tls-cert-file, --tls-key-file: the profile's server listens on loopback for the profile alone "
+            "and serves plain HTTP; leave them out (the operator's profile Job does)"
+        )
     if ns.tokenizer is not None and not os.path.isdir(ns.tokenizer):
         problems.append(f"--tokenizer: {ns.tokenizer!r} is not a folder")
     guidellm = check(_guidellm, ns.guidellm)

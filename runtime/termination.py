@@ -81,6 +81,16 @@ def invalid_config(message: str) -> Fatal:
     )
 
 
+def tls_invalid(message: str) -> Fatal:
+    """--tls-cert-file or --tls-key-file cannot be served (tls.TlsError's text names the flag)."""
+    return Fatal(
+        "TlsCertificateInvalid",
+        f"{_quote(message)}; the files come from the Secret spec.runtime.tls.secretName names (keys tls.crt "
+        "and tls.key: a PEM certificate and its unencrypted private key, as cert-manager writes them): fix "
+        "the Secret or the Certificate that writes it",
+    )
+
+
 _MODEL_HINTS = {
     "ModelNotFound": "fix spec.model.uri (and spec.model.revision for hf://), or put the model there",
     "ModelInvalid": "spec.model.uri must point at a Hugging Face-format model directory "

@@ -28,7 +28,10 @@ OWNED_FLAGS = (
     "--lora-modules",
 )
 
-_TLS = "the runtime serves plain HTTP: terminate TLS in front of it (a gateway or a service mesh)"
+_TLS = (
+    "the runtime serves TLS with its own flags --tls-cert-file and --tls-key-file, which reload a renewed "
+    "certificate without a restart (an InferenceService: spec.runtime.tls.secretName)"
+)
 _ACCESS_LOG = "the runtime's HTTP server logs warnings only and writes no access log"
 _ONE_SERVER = "the runtime runs one HTTP API server in each pod: scale with replicas"
 # Flag -> why the runtime refuses it.

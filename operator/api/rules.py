@@ -94,6 +94,11 @@ MSG_SCALE_FROM_ZERO = (
     "spec.autoscaling.minReplicas 0 needs spec.routing: only the endpoint picker's queue can hold requests "
     "and ask for the first replica while none runs; set minReplicas to at least 1 or turn routing on"
 )
+MSG_TLS_ROUTING = (
+    "spec.runtime.tls cannot be combined with spec.routing yet: the gateway's proxies and the endpoint "
+    "picker call the pods over plain HTTP; terminate TLS at the Gateway instead, or leave spec.runtime.tls "
+    "unset"
+)
 MSG_REPLICAS_XOR = "spec.replicas and spec.autoscaling are mutually exclusive: set one of them"
 MSG_TENSOR_PARALLEL = "spec.engine.tensorParallelSize must equal spec.resources.gpu.count (no GPU left idle)"
 MSG_NAME = "metadata.name must be a DNS-1035 label of at most 63 characters (it names the Service)"
@@ -234,6 +239,11 @@ SPEC_RULES = [
         " || has(self.routing)",
         MSG_SCALE_FROM_ZERO,
         ".autoscaling.minReplicas",
+    ),
+    rule(
+        "!has(self.runtime) || !has(self.runtime.tls) || !has(self.routing)",
+        MSG_TLS_ROUTING,
+        ".runtime.tls",
     ),
     rule(
         "!has(self.lora) || !has(self.lora.adapters) || self.lora.adapters.all(a, a.name !="

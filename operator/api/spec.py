@@ -19,6 +19,7 @@ from .rules import (
     MSG_REPLICAS_XOR,
     MSG_SCALE_FROM_ZERO,
     MSG_TENSOR_PARALLEL,
+    MSG_TLS_ROUTING,
     SPEC_RULES,
     validations,
 )
@@ -108,6 +109,8 @@ class InferenceServiceSpec(ApiModel):
             raise ValueError(MSG_AUTOSCALING_METRICS)
         if self.autoscaling and self.autoscaling.min_replicas == 0 and self.routing is None:
             raise ValueError(MSG_SCALE_FROM_ZERO)
+        if self.runtime.tls is not None and self.routing is not None:
+            raise ValueError(MSG_TLS_ROUTING)
         if self.lora and any(adapter.name == self.served_name for adapter in self.lora.adapters):
             raise ValueError(MSG_ADAPTER_SERVED_NAME)
         return self

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from pagoda.runtime.contract import HTTP_PORT, PORT_NAME
+from pagoda.runtime.contract import HTTP_PORT, PORT_NAME, TLS_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY
 
 from .base import ApiModel, IntOrPercent, ObjectName, Quantity, is_zero
 from .rules import (
@@ -214,6 +214,24 @@ class EnvVar(ApiModel):
         return self
 
 
+class RuntimeTlsSpec(ApiModel):
+    """HTTPS on the runtime's port, with a certificate from a Secret (docs/security.md#tls)."""
+
+    secret_name: ObjectName = Field(
+        description=f"A Secret in the same namespace with cert-manager's key names (type kubernetes.io/tls): "
+        f"{TLS_CERT_KEY} (the certificate, chain included) and {TLS_KEY_KEY} (its private key, unencrypted), "
+        f"and {TLS_CA_KEY} (the CA that issued it) for verification. Mounted read-only; a renewed "
+        "certificate is served to new connections within a minute, without a restart.",
+    )
+    insecure_skip_verify: bool = Field(
+        default=False,
+        description=f"Prometheus (the ServiceMonitor) scrapes without verifying the pods' certificate. By "
+        f"default it verifies it against the Secret's {TLS_CA_KEY} and the name <name>.<namespace>.svc, "
+        f"which the certificate must carry; set this when the Secret has no {TLS_CA_KEY} (e.g. a public ACME "
+        "issuer's certificate): the scrapes stay encrypted but are not authenticated.",
+    )
+
+
 class RuntimeSpec(ApiModel):
     """The Pagoda runtime container."""
 
@@ -231,6 +249,12 @@ class RuntimeSpec(ApiModel):
         default=None,
         description="Secret key holding the API key (env PAGODA_API_KEY); /v1/* then requires "
         "`Authorization: Bearer <key>`.",
+    )
+    tls: RuntimeTlsSpec | None = Field(
+        default=None,
+        description="Serve HTTPS instead of HTTP (--tls-cert-file, --tls-key-file), with the certificate in "
+        "a Secret; the probes, the Service (appProtocol https), the ServiceMonitor and the operator's calls "
+        "follow. Not with spec.routing.",
     )
     drain_timeout_seconds: int = Field(
         default=120,

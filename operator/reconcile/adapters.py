@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import ssl
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +36,7 @@ from urllib.parse import urlsplit
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.reconcile.podmemo import PodMemo, at_once, backoff, pod_ready
+from pagoda.operator.resources.tls import pod_url
 from pagoda.runtime.contract import ADAPTERS_PATH, HTTP_PORT
 from pagoda.runtime.management import Signer
 
@@ -52,12 +54,29 @@ Want = tuple[str, str | None]
 def http_request(
     method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
 ) -> tuple[int, Obj]:
+    """`url`: https for a pod with spec.runtime.tls (resources/tls.py pod_url), its certificate unverified:
+    the call goes to a pod IP, which the certificate does not name, and the operator may not read the CA
+    in the user's Secret; the call is signed, and the runtime refuses it changed or replayed
+    (docs/security.md#tls)."""
     request = urllib.request.Request(url, data=body, headers=headers, method=method)  # noqa: S310 (pod IP)
+    context = POD_TLS if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310
             return response.status, _json(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, _json(exc.read())
+
+
+def _unverified() -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+# The operator's calls to a pod that serves TLS (see http_request); capacity.py's too.
+POD_TLS = _unverified()
 
 
 def _json(raw: bytes) -> Obj:
@@ -147,13 +166,13 @@ class AdapterSync:
         return self._request(method, url, data, headers, timeout)
 
     def _sync_pods(self, pods: list[Obj], desired: dict[str, Want]) -> None:
-        due: list[tuple[str, str, PodView]] = []  # (view key, pod IP, what was known of the pod)
+        due: list[tuple[str, str, PodView]] = []  # (view key, the pod's adapters URL, what was known of it)
         now = self._clock()
         for pod in pods:
             key = view_key(pod)
             view = self._views.get(key) or PodView()
             if self._due(view, desired, now):
-                due.append((key, str(pod["status"]["podIP"]), view))
+                due.append((key, pod_url(pod, self._port, ADAPTERS_PATH), view))
         due = due[: self._per_pass]
         synced = at_once(lambda one: self._sync_pod(one[1], one[2], desired), due)
         for (key, _, _), view in zip(due, synced, strict=True):
@@ -167,8 +186,7 @@ class AdapterSync:
         at = self._next_look(view, desired)
         return now >= (at if at is not None else view.checked_at + self._recheck_after)
 
-    def _sync_pod(self, ip: str, view: PodView, desired: dict[str, Want]) -> PodView:
-        base = f"http://{f'[{ip}]' if ':' in ip else ip}:{self._port}{ADAPTERS_PATH}"
+    def _sync_pod(self, base: str, view: PodView, desired: dict[str, Want]) -> PodView:
         try:
             status, body = self._call("GET", base, None, self._timeout)
         except CALL_FAILED as exc:

@@ -9,6 +9,10 @@ Secrets are not watched (that would mean reading every Secret in the cluster): t
 which referenced Secrets a pass has seen exist, until the next resync forgets them. Nor are the ConfigMaps
 of spec.engine.chatTemplate.configMap: the cache remembers the template a pass read from one (once it
 compiled), until the next resync forgets it (reconcile/chattemplate.py).
+
+Nodes are watched, all of them (a pod's node is any node), and kept slim (nodes.py: the Ready condition
+and the node lifecycle taints), for the replicas on a lost node (NodeLost); `nodes_known` is False when
+the operator may not list them, and then nothing is reported lost.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from pagoda.operator.reconcile.nodes import health, slim_node
 from pagoda.operator.resources.meta import OWNER_LABEL
 
 Obj = dict[str, Any]
@@ -48,8 +53,9 @@ def _pick(listed: Obj, cached: Obj | None) -> Obj:
 
 def _slim_pod(pod: Obj) -> Obj:
     """What the status needs of a Pod (its name, labels, creation time for status.startup, status, and of its
-    spec the startup probes and the grace period, for the startup budget, and the node, for
-    status.modelCache): pods are many, their specs large."""
+    spec the startup probes and the grace period, for the startup budget, the node, for status.modelCache
+    and NodeLost, and the NoExecute tolerations, for when a pod on a lost node is evicted): pods are many,
+    their specs large."""
     meta = pod.get("metadata") or {}
     keep = (
         "name",
@@ -71,8 +77,15 @@ def _slim_pod(pod: Obj) -> Obj:
     kept: Obj = {"containers": probes} if probes else {}
     if probes and "terminationGracePeriodSeconds" in spec:
         kept["terminationGracePeriodSeconds"] = spec["terminationGracePeriodSeconds"]
-    if spec.get("nodeName"):  # status.modelCache is per node
+    if spec.get("nodeName"):  # status.modelCache is per node; a lost node's pods are named (NodeLost)
         kept["nodeName"] = spec["nodeName"]
+    tolerations = [  # when the taint-eviction controller deletes a pod on a lost node
+        t
+        for t in spec.get("tolerations") or []
+        if isinstance(t, dict) and t.get("effect") in (None, "", "NoExecute")
+    ]
+    if tolerations:
+        kept["tolerations"] = tolerations
     if kept:
         slim["spec"] = kept
     return slim
@@ -86,6 +99,8 @@ class ObjectCache:
         self._children: dict[Key, dict[ChildKey, Obj]] = {}
         self._secrets: set[Key] = set()  # Secrets seen to exist
         self._chat_templates: dict[tuple[str, str, str], str] = {}  # (namespace, ConfigMap, key) -> template
+        self._nodes: dict[str, Obj] = {}  # name -> slim Node (nodes.py)
+        self._nodes_known = False  # the Nodes were listed (the operator may read them)
 
     def observe(
         self, obj: Obj, *, api_version: str | None = None, kind: str | None = None, deleted: bool = False
@@ -206,3 +221,63 @@ class ObjectCache:
         pods within a resync."""
         with self._lock:
             self._chat_templates.clear()
+
+    def observe_node(self, node: Obj, *, deleted: bool = False) -> bool:
+        """Record a Node seen in a watch event; True when its readiness or lifecycle taints (or its
+        existence) changed, so the services with pods on it need a pass. A heartbeat changes nothing."""
+        name = (node.get("metadata") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            return False
+        slim = slim_node(node)
+        with self._lock:
+            old = self._nodes.get(name)
+            if deleted:
+                self._nodes.pop(name, None)
+            elif _newer(slim, old):
+                self._nodes[name] = slim
+            return health(old) != health(self._nodes.get(name))
+
+    def replace_nodes(self, items: Iterable[Obj]) -> None:
+        """Hold exactly the listed Nodes (a fresh full list; a cached copy newer than the listed one is
+        kept), and mark them known."""
+        fresh: dict[str, Obj] = {}
+        for item in items:
+            name = (item.get("metadata") or {}).get("name")
+            if isinstance(name, str) and name:
+                fresh[name] = slim_node(item)
+        with self._lock:
+            self._nodes = {name: _pick(slim, self._nodes.get(name)) for name, slim in fresh.items()}
+            self._nodes_known = True
+
+    def forget_nodes(self) -> None:
+        """The Nodes could not be listed (RBAC): hold none, and report no node lost."""
+        with self._lock:
+            self._nodes = {}
+            self._nodes_known = False
+
+    def nodes_known(self) -> bool:
+        with self._lock:
+            return self._nodes_known
+
+    def nodes_of(self, pods: Iterable[Obj]) -> dict[str, Obj] | None:
+        """The Nodes `pods` run on, by name (a node the cache does not hold is left out: it does not exist);
+        None when the Nodes are not known."""
+        names = {(pod.get("spec") or {}).get("nodeName") for pod in pods}
+        with self._lock:
+            if not self._nodes_known:
+                return None
+            return {
+                name: self._nodes[name] for name in names if isinstance(name, str) and name in self._nodes
+            }
+
+    def owners_on_node(self, node: str) -> list[Key]:
+        """The InferenceServices with a pod on `node`."""
+        with self._lock:
+            return [
+                owner
+                for owner, bucket in self._children.items()
+                if any(
+                    key[0] == "Pod" and (child.get("spec") or {}).get("nodeName") == node
+                    for key, child in bucket.items()
+                )
+            ]

@@ -21,8 +21,10 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from pagoda.operator.reconcile.adapters import POD_TLS
 from pagoda.operator.reconcile.podmemo import PodMemo, at_once, backoff, pod_ready
 from pagoda.operator.reconcile.startup import model_cache_status, record
+from pagoda.operator.resources.tls import pod_url
 from pagoda.runtime.contract import CAPACITY_PATH, HTTP_PORT
 
 Obj = dict[str, Any]
@@ -30,7 +32,9 @@ Fetch = Callable[[str, float], Obj]
 
 
 def http_fetch(url: str, timeout: float) -> Obj:
-    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (http to a pod IP)
+    """GET `url` (a pod's, over http or, with spec.runtime.tls, https unverified as adapters.py explains)."""
+    context = POD_TLS if url.startswith("https:") else None
+    with urllib.request.urlopen(url, timeout=timeout, context=context) as response:  # noqa: S310 (a pod IP)
         body = json.load(response)
     if not isinstance(body, dict):
         raise ValueError(f"{url} answered {body!r}, not an object")
@@ -89,7 +93,7 @@ class CapacityReader:
         """`status.capacity` from the Ready pods of one service (asking those not asked yet); None when no
         Ready pod has answered."""
         answers: list[Obj] = []
-        to_ask: list[tuple[str, str, tuple[float, int] | None]] = []  # (uid, ip, the last failure)
+        to_ask: list[tuple[str, str, tuple[float, int] | None]] = []  # (uid, URL, the last failure)
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid") or "")
             ip = (pod.get("status") or {}).get("podIP")
@@ -101,8 +105,8 @@ class CapacityReader:
                 continue
             if (known is not None and self._clock() < known[0]) or len(to_ask) >= self._per_pass:
                 continue
-            to_ask.append((uid, str(ip), known))
-        asked = at_once(self._ask, [ip for _, ip, _ in to_ask])
+            to_ask.append((uid, pod_url(pod, self._port, CAPACITY_PATH), known))
+        asked = at_once(self._ask, [url for _, url, _ in to_ask])
         for (uid, _, known), answer in zip(to_ask, asked, strict=True):
             failures = known[1] + 1 if known is not None else 1
             delay = backoff(self._retry_after, self._max_retry_after, failures)
@@ -145,9 +149,8 @@ class CapacityReader:
                 waits.append(max(known[0] - self._clock(), 1.0) if known is not None else 1.0)
         return min(waits) if waits else None
 
-    def _ask(self, ip: str) -> Obj | None:
-        host = f"[{ip}]" if ":" in ip else ip
+    def _ask(self, url: str) -> Obj | None:
         try:
-            return _answer(self._fetch(f"http://{host}:{self._port}{CAPACITY_PATH}", self._timeout))
+            return _answer(self._fetch(url, self._timeout))
         except (OSError, ValueError):  # unreachable, 503 while loading (HTTPError is an OSError), bad JSON
             return None

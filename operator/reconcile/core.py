@@ -445,7 +445,8 @@ def check_secrets(p: Pass, desired: list[Obj]) -> None:
 
 
 def observe(p: Pass, desired: list[Obj] | None) -> Observed:
-    """What the status is computed from: the pass's children, pods and problems, and what the Ready pods
+    """What the status is computed from: the pass's children, pods and problems, the Nodes the pods run on
+    (from the cache's watch: without a cache none is read, and no node is reported lost), what the Ready pods
     report of themselves (capacity, start-up, node cache: the pass's only calls here, to pods not asked
     before; see capacity.py), and a finished capacity profile's result (one list of its pods, once)."""
     kept = set()
@@ -478,6 +479,7 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
         restarts=p.restart.status() if p.restart is not None else None,
         adapters=p.adapters.status if p.adapters is not None else {},
         profile=profile,
+        nodes=p.cache.nodes_of(p.pods) if p.cache else None,
         kept=frozenset(kept),
     )
 
@@ -551,7 +553,8 @@ def _url(owner: Obj, desired: list[Obj] | None, name: str, namespace: str) -> st
         if manifest["kind"] == "Service" and manifest["metadata"]["name"] == name:
             ports = manifest.get("spec", {}).get("ports") or []
             if ports:
-                return service_url(name, namespace, int(ports[0]["port"]))
+                scheme = "https" if ports[0].get("appProtocol") == "https" else "http"  # spec.runtime.tls
+                return service_url(name, namespace, int(ports[0]["port"]), scheme)
     return None
 
 

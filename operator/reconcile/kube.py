@@ -134,11 +134,17 @@ class Kube:
         return items
 
     def list_pages(
-        self, api_version: str, plural: str, namespace: str | None, label_selector: str, page: int = LIST_PAGE
+        self,
+        api_version: str,
+        plural: str,
+        namespace: str | None,
+        label_selector: str | None = None,
+        page: int = LIST_PAGE,
     ) -> Iterator[Obj]:
         """The items of a list, fetched `page` at a time (one consistent snapshot, like `list`), so a caller
         that keeps a slimmed copy of each item never holds the whole list at once."""
-        query = [("labelSelector", label_selector), ("limit", str(page))]
+        query = [("labelSelector", label_selector)] if label_selector else []
+        query.append(("limit", str(page)))
         token = ""
         while True:
             data = self._call(

@@ -4,9 +4,9 @@ No I/O. The pass gathers what it saw into an `Observed` (core.observe, the only 
 `compute_status(owner, observed)` returns the complete status: the conditions (Ready, Progressing,
 Degraded, DisruptionTolerant), the replica counts, and the reports of the replicas, KEDA and the capacity
 profile (autoscaling, capacity, startup, modelCache, restarts, adapters, profile). A condition keeps its
-lastTransitionTime unless its status flips. What keeps replicas from being ready (`blocker`: a failing
-container, an unschedulable pod, pods the API server refuses, a stuck rollout) makes the service Degraded and
-is the Ready condition's reason while replicas are missing, so `kubectl get` shows it.
+lastTransitionTime unless its status flips. What keeps replicas from being ready (`blocker`: pods on a lost
+node, a failing container, an unschedulable pod, pods the API server refuses, a stuck rollout) makes the
+service Degraded and is the Ready condition's reason while replicas are missing, so `kubectl get` shows it.
 
 The conditions read the spec as stored (`owner["spec"]`), not the validated model: an invalid spec still gets
 a status, whose messages name the fields as the user wrote them.
@@ -20,6 +20,7 @@ from typing import Any
 
 from pagoda.operator.api.routing import waiting_room_seconds
 from pagoda.operator.reconcile.admission import replica_failure_issue
+from pagoda.operator.reconcile.nodes import lost_node_issue, lost_replicas
 from pagoda.operator.reconcile.pods import PodIssue, pods_issue
 from pagoda.operator.reconcile.scaling import autoscaling_status
 from pagoda.operator.reconcile.scheduling import unschedulable_issue
@@ -67,6 +68,8 @@ class Observed:
     restarts: Obj | None = None  # the restart schedule's status (restarts.py)
     adapters: Obj = field(default_factory=dict)  # `adapters`, `adaptersReady` from the adapter sync
     profile: Obj | None = None  # the capacity profile against spec.slo (profile.py)
+    # The Nodes the pods run on, slim (nodes.py), by name; a name missing: no such Node; None: not known.
+    nodes: dict[str, Obj] | None = None
     kept: frozenset[str] = frozenset()
 
 
@@ -79,7 +82,11 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
     st = (deployment or {}).get("status") or {}
     want = desired_replicas(deployment) if deployment is not None else 0
     spec = owner.get("spec") or {}
-    stop = blocker(deployment, observed.pods, spec, parse_time(now)) if deployment is not None else None
+    stop = (
+        blocker(deployment, observed.pods, spec, parse_time(now), observed.nodes)
+        if deployment is not None
+        else None
+    )
     conditions = [
         ready_condition(deployment, problems, stop, waiting_room=scale_from_zero_wait(owner)),
         progressing_condition(deployment, problems),
@@ -150,10 +157,30 @@ def _deployment_condition(deployment: Obj | None, type_: str) -> Obj | None:
     return None
 
 
-def blocker(deployment: Obj, pods: list[Obj], spec: Obj, now: datetime | None) -> PodIssue | None:
-    """What keeps the replicas from running, most specific first: a failing container (its runtime's own
-    reason, OOM, image, startup timeout), an unschedulable pod, pods the API server refuses to create (the
-    Deployment's ReplicaFailure), a rollout past its progress deadline; None when nothing does."""
+def blocker(
+    deployment: Obj,
+    pods: list[Obj],
+    spec: Obj,
+    now: datetime | None,
+    nodes: dict[str, Obj] | None = None,
+) -> PodIssue | None:
+    """What keeps the replicas from running, most specific first: pods on a node that stopped reporting
+    (NodeLost, nodes.py; what else blocks replicas follows in its message), a failing container (its
+    runtime's own reason, OOM, image, startup timeout), an unschedulable pod, pods the API server refuses to
+    create (the Deployment's ReplicaFailure), a rollout past its progress deadline; None when nothing does.
+    A pod on a lost node is left out of the others: its statuses are the last its kubelet reported."""
+    lost = lost_replicas(pods, nodes)
+    if not lost:
+        return _replica_blocker(deployment, pods, spec, now)
+    gone = {id(pod) for _, group in lost for pod in group}
+    issue = lost_node_issue(lost)
+    other = _replica_blocker(deployment, [p for p in pods if id(p) not in gone], spec, now)
+    if issue is None or other is None:
+        return issue or other
+    return PodIssue(issue.reason, f"{issue.message}. Also {other.reason}: {other.message}")
+
+
+def _replica_blocker(deployment: Obj, pods: list[Obj], spec: Obj, now: datetime | None) -> PodIssue | None:
     found = pods_issue(pods, now) or unschedulable_issue(pods, spec)
     if found is not None:
         return found

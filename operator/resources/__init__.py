@@ -101,7 +101,7 @@ def desired_children(
             )
         )
     if spec.monitoring.service_monitor.enabled:
-        children.append(service_monitor(name, namespace, spec.monitoring.service_monitor))
+        children.append(service_monitor(name, namespace, spec))
     children += routing_children(name, namespace, spec, typical_start)
     job = profile_job(name, namespace, spec, default_image, chat_template, profile_request)  # the spec's own
     return children + ([job] if job is not None else [])

@@ -5,7 +5,13 @@ from __future__ import annotations
 from kubernetes.utils.quantity import parse_quantity
 
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.runtime.contract import CACHE_DIR, HTTP_PORT, MANAGEMENT_PUBLIC_KEY_PATH
+from pagoda.runtime.contract import (
+    CACHE_DIR,
+    HTTP_PORT,
+    MANAGEMENT_PUBLIC_KEY_PATH,
+    TLS_CERT_PATH,
+    TLS_KEY_PATH,
+)
 
 from .chattemplate import CHAT_TEMPLATE_PATH
 
@@ -47,6 +53,8 @@ def runtime_args(spec: InferenceServiceSpec, management: bool = False) -> list[s
         args += ["--cache-max-bytes", str(int(bound))]
     if management:
         args += ["--management-public-key-file", MANAGEMENT_PUBLIC_KEY_PATH]
+    if spec.runtime.tls is not None:  # the Secret, mounted by pod.py
+        args += ["--tls-cert-file", TLS_CERT_PATH, "--tls-key-file", TLS_KEY_PATH]
     if engine.extra_args:
         args += ["--", *engine.extra_args]
     return args

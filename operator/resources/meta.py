@@ -52,9 +52,9 @@ def metadata(name: str, namespace: str) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "labels": labels(name)}
 
 
-def service_url(name: str, namespace: str, port: int) -> str:
-    """In-cluster URL of the service's OpenAI API (status.url)."""
-    return f"http://{name}.{namespace}.svc:{port}"
+def service_url(name: str, namespace: str, port: int, scheme: str = "http") -> str:
+    """In-cluster URL of the service's OpenAI API (status.url); `scheme` https with spec.runtime.tls."""
+    return f"{scheme}://{name}.{namespace}.svc:{port}"
 
 
 def content_hash(text: str) -> str:

@@ -27,6 +27,7 @@ from .chattemplate import (
 from .management import management_mount, management_volume
 from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, content_hash, labels
 from .quantity import canonical
+from .tls import scheme, tls_mount, tls_volume
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod before SIGTERM arrives
@@ -112,9 +113,9 @@ def container(spec: InferenceServiceSpec, default_image: str, management: bool =
         "args": runtime_args(spec, management),
         "ports": [{"name": PORT_NAME, "containerPort": HTTP_PORT, "protocol": "TCP"}],
         "resources": resources(spec),
-        "startupProbe": _probe("/readyz", STARTUP_PERIOD_SECONDS, _startup_failures(spec), 5),
-        "livenessProbe": _probe("/livez", 10, 3, 5),
-        "readinessProbe": _probe("/readyz", 5, 2, 3),
+        "startupProbe": _probe(spec, "/readyz", STARTUP_PERIOD_SECONDS, _startup_failures(spec), 5),
+        "livenessProbe": _probe(spec, "/livez", 10, 3, 5),
+        "readinessProbe": _probe(spec, "/readyz", 5, 2, 3),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
@@ -151,9 +152,10 @@ def _startup_failures(spec: InferenceServiceSpec) -> int:
     return -(-spec.runtime.startup_timeout_seconds // STARTUP_PERIOD_SECONDS)
 
 
-def _probe(path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+def _probe(spec: InferenceServiceSpec, path: str, period: int, failures: int, timeout: int) -> dict[str, Any]:
+    """HTTPS with spec.runtime.tls (the kubelet does not verify a probe's certificate)."""
     return {
-        "httpGet": {"path": path, "port": PORT_NAME, "scheme": "HTTP"},
+        "httpGet": {"path": path, "port": PORT_NAME, "scheme": scheme(spec).upper()},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": timeout,
@@ -199,6 +201,8 @@ def volume_mounts(spec: InferenceServiceSpec, management: bool = False) -> list[
         mounts.append(chat_template_mount())
     if management:
         mounts.append(management_mount())
+    if spec.runtime.tls is not None:
+        mounts.append(tls_mount())
     return mounts
 
 
@@ -234,6 +238,8 @@ def volumes(name: str, spec: InferenceServiceSpec, management: bool = False) -> 
         result.append(chat_template_volume(name))
     if management:
         result.append(management_volume(name))
+    if spec.runtime.tls is not None:
+        result.append(tls_volume(spec))
     return result
 
 

@@ -4,8 +4,10 @@ The Job's pod is a replica's pod (pod.pod_template: the same image, model, engin
 and placement) with three differences: the container runs `pagoda-runtime profile` instead of `serve`
 (the runtime starts its own server on 127.0.0.1 and measures it, runtime/profile.py), it carries labels of
 its own (no Service, PDB or status counts it as a replica; no NetworkPolicy needs to admit it, as nothing
-connects to it), and it runs once (restartPolicy Never, no probes, a deadline). The result is the
-container's termination message, which the operator copies into status.profile (reconcile/profile.py).
+connects to it), and it runs once (restartPolicy Never, no probes, a deadline). Without spec.runtime.tls
+too: its server is its own client's alone, on loopback, so it serves plain HTTP and mounts no certificate.
+The result is the container's termination message, which the operator copies into status.profile
+(reconcile/profile.py).
 
 The Job's name ends in a digest of its pod template: a change of anything the replica is made of or of the
 SLO, or a new value of the pagoda.dev/profile annotation, names a new Job (a Job's template cannot be
@@ -55,15 +57,18 @@ def profile_job(
 ) -> dict[str, Any] | None:
     """The profile Job of spec.slo, or None without it. `chat_template`: as for pod_template; `request`:
     the pagoda.dev/profile annotation's value."""
-    if spec.slo is None:
+    slo = spec.slo
+    if slo is None:
         return None
+    if spec.runtime.tls is not None:  # its server listens on loopback for the profile alone: plain HTTP
+        spec = spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"tls": None})})
     template = pod_template(name, spec, default_image, chat_template)
     pod = template["spec"]
     pod["restartPolicy"] = "Never"
     runtime = pod["containers"][0]
     for key in ("startupProbe", "livenessProbe", "readinessProbe", "lifecycle", "ports"):
         runtime.pop(key, None)
-    runtime["args"] = profile_args(runtime["args"], spec.slo)
+    runtime["args"] = profile_args(runtime["args"], slo)
     template["metadata"]["labels"] = {
         "app.kubernetes.io/name": PROFILE_APP_NAME,
         "app.kubernetes.io/instance": name,

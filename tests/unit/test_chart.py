@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from pagoda.operator.handlers import OBSERVED_KINDS
+from pagoda.operator.reconcile.nodes import NODE_KIND
 from pagoda.operator.resources import CHILD_KINDS
 from pagoda.operator.resources.routing import picker_rules
 from tests.repo import REPO
@@ -193,7 +194,7 @@ def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str
     for api_version, _kind, plural in CHILD_KINDS:  # the operator's own list of child kinds
         group = api_version.rpartition("/")[0]
         expected[(group, plural)] = {"list", "watch", "create", "patch", "delete"}
-    for api_version, _kind, plural in OBSERVED_KINDS:  # watched and listed, never written
+    for api_version, _kind, plural in [*OBSERVED_KINDS, NODE_KIND]:  # watched and listed, never written
         expected[(api_version.rpartition("/")[0], plural)] = {"list", "watch"}
     # spec.engine.chatTemplate.configMap: the user's ConfigMap is read (reconcile/chattemplate.py).
     expected[("", "configmaps")].add("get")

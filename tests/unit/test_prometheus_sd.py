@@ -114,7 +114,7 @@ def test_one_job_per_endpoint_named_like_the_prometheus_operator(children: dict[
         }
     ]
     assert (config["scrape_interval"], config["metrics_path"]) == ("30s", "/metrics")
-    assert "scheme" not in config  # http, Prometheus' default
+    assert config.get("scheme", "http") == "http"  # the operator says http (resources/tls.py)
 
 
 def test_selector_rules_use_sanitised_service_labels_and_their_presence(children: dict[str, Any]) -> None:

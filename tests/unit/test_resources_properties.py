@@ -157,7 +157,8 @@ def test_service_and_pdb(example: dict[str, Any]) -> None:
     spec = InferenceServiceSpec.model_validate(example["spec"])
     by_kind = _by_kind(_children("x", example["spec"]))
     (port,) = by_kind["Service"]["spec"]["ports"]
-    assert port == {"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}
+    tls = {"appProtocol": "https"} if spec.runtime.tls is not None else {}
+    assert port == {"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP", **tls}
     assert by_kind["PodDisruptionBudget"]["spec"]["maxUnavailable"] == spec.disruption.max_unavailable
 
 
