@@ -9,9 +9,12 @@ The operator writes the InferencePool and the picker's Deployment, ConfigMap and
    picker's Service, queryable by the pool's name.
 3. Deleting the pod that serves the load fails no request: the picker drops a pod once it is terminating
    (during its preStop sleep, before the runtime drains), and requests already at it finish.
-4. The picker runs as a leader and a standby (the default two replicas): deleting the leader under load
-   fails no request. Another replica takes the Lease once the leader lets it go and turns Ready; meanwhile
-   Envoy retries opening its stream to the picker's Service (e2e/envoy-bootstrap.yaml.j2).
+4. The picker runs as a leader and a standby (the default two replicas): the leader deleted under load by 6
+   clients. Another replica takes the Lease once the leader lets it go and turns Ready; meanwhile Envoy
+   retries opening its stream to the picker's Service (e2e/envoy-bootstrap.yaml.j2), so no request fails in
+   the hand-over. The one loss allowed is bounded and named: GIE v1.5.0 stops its flow control at SIGTERM
+   before its gRPC server has drained, and answers 500 to a request it holds at that instant (at most one per
+   client; none in most runs).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 NAMESPACE = "routing"
 NAME = "tiny"
 REPLICAS = 2
+PICKER_CLIENTS = 6  # above Envoy's default of 3 retries at once
 QUEUE_METRIC = "inference_extension_flow_control_queue_size"
 
 
@@ -244,14 +248,20 @@ def picker_logs(cluster: Cluster, pods: set[str]) -> Iterator[None]:
             (cluster.workdir / "logs" / f"picker-{pod}.log").write_text(log.stdout + log.stderr)
 
 
-def test_the_pickers_leader_deleted_under_load_hands_over_and_fails_no_request(
+def access_log(gateway: Gateway) -> list[dict[str, Any]]:
+    """Envoy's access log: one JSON object per request (the file also holds Envoy's own log lines)."""
+    lines = gateway.envoy.log_path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def test_the_pickers_leader_deleted_under_load_hands_over_losing_at_most_what_it_held(
     cluster: Cluster, gateway: Gateway
 ) -> None:
     leader = wait_until(lambda: ready_picker(cluster), "a Ready picker (the leader)", timeout=60)
     standby = {p["metadata"]["name"] for p in picker_pods(cluster)} - {leader}
     assert len(standby) == 1, f"a leader and a standby: {leader}, {standby}"
     assert lease_holder(cluster).startswith(f"{leader}_")  # controller-runtime's identity: <pod>_<uuid>
-    load = Load(gateway.url, NAME, clients=2, pause=0.25, max_seconds=600).start()
+    load = Load(gateway.url, NAME, clients=PICKER_CLIENTS, pause=0.1, max_seconds=600).start()
     with picker_logs(cluster, {leader, *standby}):
         try:
             wait_until(lambda: load.completed >= 6, "requests to complete through Envoy", timeout=180)
@@ -279,7 +289,16 @@ def test_the_pickers_leader_deleted_under_load_hands_over_and_fails_no_request(
         f"picker hand-over: {handover:.1f} s; ext_proc stream retries={retries}; "
         f"completed={load.completed} failed={len(load.failures)}"
     )
-    assert load.failures == [], load.failures
+    # Envoy failed none itself (a refused stream to the picker that it did not retry names its gRPC error in
+    # the access log's details); the picker's own answers have none.
+    envoy_errors = [e for e in access_log(gateway) if e["code"] != 200 and e["details"]]
+    assert envoy_errors == [], envoy_errors
+    # The bounded loss: requests the stopping leader held at its SIGTERM, each a 500 from the picker.
+    failed = [r for r in load.records if r.failure is not None]
+    assert len(failed) <= PICKER_CLIENTS, load.failures
+    assert all(r.failure == "HTTP 500" and deleted - 5 < r.started < deleted + handover for r in failed), [
+        (r.started - deleted, r.failure) for r in failed
+    ]
     # The Lease goes to whichever replica asks first once the leader lets it go: the standby (it asks every
     # 2 s) or the leader's replacement, which the ReplicaSet starts as soon as the leader is deleted.
     assert new_leader != leader

@@ -38,10 +38,6 @@ LIVENESS_SERVICE = "liveness"
 READINESS_SERVICE = "readiness"
 # Up to the runtime pods' longest drain (GIE's chart: "should mirror the longest grace period in the pool").
 PICKER_GRACE_SECONDS = 130
-# How long a picker that is being stopped keeps working before its SIGTERM: long enough for the Service's
-# endpoints and the gateways to stop sending it new requests. GIE v1.5.0 stops its flow control at once on
-# SIGTERM while its gRPC server still takes streams, and answers those 500.
-PICKER_PRESTOP_SECONDS = 3
 # The picker's own Prometheus metric of requests its flow control holds (the scale-from-zero signal).
 QUEUE_METRIC = "inference_extension_flow_control_queue_size"
 CONFIG_HASH_ANNOTATION = "pagoda.dev/config-hash"
@@ -223,7 +219,6 @@ def picker_deployment(
             "periodSeconds": 10,
         },
         "readinessProbe": {"grpc": {"port": HEALTH_PORT, "service": ready}, "periodSeconds": 2},
-        "lifecycle": {"preStop": {"sleep": {"seconds": PICKER_PRESTOP_SECONDS}}},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,

@@ -23,7 +23,6 @@ from pagoda.operator.resources.routing import (
     CONFIG_DIR,
     CONFIG_FILE,
     CONFIG_HASH_ANNOTATION,
-    PICKER_PRESTOP_SECONDS,
     PICKER_RULES,
     QUEUE_METRIC,
     leader_lease_name,
@@ -137,9 +136,6 @@ def test_pickers_elect_a_leader_and_only_the_leader_is_ready() -> None:
         pod, rules = picker(replicas)
         container = pod["containers"][0]
         assert "--ha-enable-leader-election" in container["args"]
-        # A stopping picker keeps working until its Service and the gateways have moved off it.
-        assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": PICKER_PRESTOP_SECONDS}}}
-        assert 0 < PICKER_PRESTOP_SECONDS < pod["terminationGracePeriodSeconds"]
         # The standby answers `liveness` (never restarted for waiting) but not `readiness` (no traffic).
         assert container["livenessProbe"]["grpc"]["service"] == "liveness"
         assert container["readinessProbe"]["grpc"]["service"] == "readiness"
