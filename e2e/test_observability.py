@@ -375,11 +375,18 @@ def test_cost_panels_match_the_arithmetic_on_the_measured_token_rate(
     assert api == API_PRICE
     for name, value in expected.items():
         assert abs(got[name] / value - 1) < 0.05, f"{name}: panel {got[name]:.4f}, arithmetic {value:.4f}"
-    # 2.5 per GPU hour x 2 GPUs on a tiny CPU model: far dearer than the API, so the alert is on its way.
-    alerts = prometheus.api("alerts")["alerts"]
-    assert any(
-        a["labels"]["alertname"] == "PagodaServingCostsMoreThanApi"
-        and (a["labels"]["namespace"], a["labels"]["service"]) == ("ml", "tiny")
-        and a["state"] == "pending"
-        for a in alerts
-    ), alerts
+
+    # 2.5 per GPU hour x 2 GPUs on a tiny CPU model: far dearer than the API, so the alert is on its way. Its
+    # state is read now, not at the panels' time: a rule evaluation that finds no series (a scrape that came
+    # late on a busy machine) resets it to inactive until the next, so it is waited for (seen once in CI).
+    def cost_alert_pending() -> bool:
+        return any(
+            a["labels"]["alertname"] == "PagodaServingCostsMoreThanApi"
+            and (a["labels"].get("namespace"), a["labels"].get("service")) == ("ml", "tiny")
+            and a["state"] == "pending"
+            for a in prometheus.api("alerts")["alerts"]
+        )
+
+    wait_until(
+        cost_alert_pending, "PagodaServingCostsMoreThanApi pending for ml/tiny", timeout=60, interval=1
+    )
