@@ -36,7 +36,7 @@ from e2e.fixtures import tiny_sample
 from e2e.gateway import UPSTREAM_HEADER, Gateway, envoy_counter, start_gateway
 from e2e.observability import Load
 from e2e.processes import wait_until
-from e2e.realpods import condition, finished, pods, ready_pods, samples, wait_condition
+from e2e.realpods import condition, finished, get_json, pods, ready_pods, samples, wait_condition
 from e2e.stack import Stack
 from pagoda.operator.resources.routing import leader_lease_name, picker_selector
 
@@ -203,7 +203,7 @@ def _all_pods(cluster: Cluster) -> list[dict[str, Any]]:
 def picker_pods(cluster: Cluster) -> list[dict[str, Any]]:
     """The picker's pods that are not being deleted."""
     selector = ",".join(f"{k}={v}" for k, v in picker_selector(NAME).items())
-    found = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json").stdout)
+    found = get_json(cluster, "pods", "-n", NAMESPACE, "-l", selector)
     return [p for p in found["items"] if not p["metadata"].get("deletionTimestamp")]
 
 
@@ -217,11 +217,7 @@ def ready_picker(cluster: Cluster) -> str | None:
 
 
 def lease_holder(cluster: Cluster) -> str:
-    lease = json.loads(
-        cluster.kubectl(
-            "get", "lease", "-n", NAMESPACE, leader_lease_name(NAME, NAMESPACE), "-o", "json"
-        ).stdout
-    )
+    lease = get_json(cluster, "lease", "-n", NAMESPACE, leader_lease_name(NAME, NAMESPACE))
     holder: str = lease["spec"]["holderIdentity"]
     return holder
 
