@@ -2,7 +2,9 @@
 replica's runtime from the CPU runtime image, `pagoda-runtime profile` loads it with GuideLLM at rising
 concurrency, and status.profile (and kubectl's At-SLO column) reports the curve and the highest concurrency
 within the SLO; with autoscaling.metric SLO, KEDA's HPA then holds the service at the measured point, and a
-load above it scales the service out with no failed request.
+load above it scales the service out with no failed request, while the dashboard's capacity row and
+status.sizing (kubectl get's Load%, and -o wide's Needed and Cost/1M) report the same load, replicas needed
+and cost.
 
 The SLO is loose (the tiny model on two shared cores answers in tens of milliseconds), so every step meets it
 and the measured concurrency is the top step's: what is asserted does not depend on the machine's speed.
@@ -111,6 +113,7 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
     try:
         wait_until(lambda: len(ready_pods(cluster, namespace, NAME)) == 2, "a second Ready replica", 600, 2)
         panels = capacity_panels(stack, namespace)
+        sizing = sizing_under_load(stack, namespace)
     finally:
         load.stop()
     print(f"Scaled out at the measured point: completed={load.completed} failed={len(load.failures)}")
@@ -133,6 +136,50 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
     assert panels[("Cost per 1M tokens at the SLO", "at the SLO (USD)")] == pytest.approx(
         expected_cost, rel=0.01
     )
+    # status.sizing, the same figures from the autoscaler's reading, in one status (one pass wrote it all).
+    print("status.sizing under load:", {k: v for k, v in sizing.items() if k != "status"})
+    status = sizing["status"]
+    in_flight, ready = sizing["inFlight"], status["readyReplicas"]
+    assert ready >= 1 and in_flight > 0, status
+    (reading,) = [t for t in status["autoscaling"]["triggers"] if t["name"] == "in-flight"]
+    assert in_flight == pytest.approx(float(reading["value"]) * status["autoscaling"]["currentReplicas"])
+    assert sizing["capacity"] == per_replica * ready
+    assert sizing["loadPercent"] == round(100 * in_flight / (per_replica * ready))
+    assert sizing["replicasNeeded"] == math.ceil(in_flight / per_replica)
+    assert sizing["costPerMillionTokens"] == pytest.approx(expected_cost, rel=1e-3)
+    assert sizing["currency"] == "USD"
+    # kubectl get shows the load (and -o wide the replicas needed and the cost) as status.sizing has them.
+    assert sizing["columns"] == {
+        "LOAD%": str(sizing["loadPercent"]),
+        "NEEDED": str(sizing["replicasNeeded"]),
+        "COST/1M": pytest.approx(sizing["costPerMillionTokens"]),
+    }
+
+
+def sizing_under_load(stack: Stack, namespace: str) -> dict[str, Any]:
+    """status.sizing once the autoscaler has read requests in flight, with the whole status it came in
+    (`status`) and the sizing columns of `kubectl get -o wide` read right after it, unchanged in between
+    (`columns`: LOAD%, NEEDED and COST/1M, the cost as a float)."""
+    cluster = stack.cluster
+
+    def read() -> dict[str, Any] | None:
+        status = get_json(cluster, "inferenceservice", NAME, "-n", namespace).get("status") or {}
+        sizing = status.get("sizing") or {}
+        if not sizing.get("inFlight") or "loadPercent" not in sizing:
+            return None
+        header, row = cluster.kubectl(
+            "get", "inferenceservice", NAME, "-n", namespace, "-o", "wide"
+        ).stdout.splitlines()[:2]
+        columns: dict[str, Any] = {}
+        for name in ("LOAD%", "NEEDED", "COST/1M"):
+            start = header.index(f" {name} ") + 1  # left-aligned: the value starts where its name does
+            columns[name] = row[start:].split()[0]
+        columns["COST/1M"] = float(columns["COST/1M"])
+        again = get_json(cluster, "inferenceservice", NAME, "-n", namespace)["status"].get("sizing")
+        return {**sizing, "status": status, "columns": columns} if again == sizing else None
+
+    found: dict[str, Any] = wait_until(read, "status.sizing with requests in flight", 120, 2)
+    return found
 
 
 def capacity_panels(stack: Stack, namespace: str) -> dict[tuple[str, str], float]:

@@ -62,6 +62,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Concurrent requests one replica serves within spec.slo, as its profile measured "
         "(status.profile).",
     },
+    {
+        "name": "Load%",
+        "type": "integer",
+        "jsonPath": ".status.sizing.loadPercent",
+        "description": "Requests in flight as a percent of what the Ready replicas serve within spec.slo "
+        "(status.sizing; above 100 the SLO is likely missed).",
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Status",
@@ -104,6 +111,21 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
         "priority": 1,
         "jsonPath": ".status.capacity.maxConcurrency",
         "description": "Requests of maxModelLen tokens one replica holds at once.",
+    },
+    {
+        "name": "Needed",
+        "type": "integer",
+        "priority": 1,
+        "jsonPath": ".status.sizing.replicasNeeded",
+        "description": "Replicas the current load needs within spec.slo (status.sizing).",
+    },
+    {
+        "name": "Cost/1M",
+        "type": "number",
+        "priority": 1,
+        "jsonPath": ".status.sizing.costPerMillionTokens",
+        "description": "What 1M generated tokens cost at the measured operating point, in spec.cost.currency "
+        "(status.sizing).",
     },
     {
         "name": "Next Restart",

@@ -298,6 +298,47 @@ class ProfileStatus(ApiModel):
     )
 
 
+class SizingStatus(ApiModel):
+    """Capacity planning at spec.slo (docs/capacity.md): the load against what the profile measured, the
+    replicas that load needs and what a token costs at the measured operating point. Each field is present
+    only when what it is computed from is known."""
+
+    in_flight: float | None = Field(
+        default=None,
+        ge=0,
+        description="Requests in flight (running and waiting) over all replicas, as the autoscaler's "
+        "in-flight trigger last read them (autoscaling.metric InFlight or SLO).",
+    )
+    capacity: int | None = Field(
+        default=None,
+        ge=0,
+        description="Requests the Ready replicas serve within the SLO: status.profile.concurrency x "
+        "readyReplicas.",
+    )
+    load_percent: int | None = Field(
+        default=None,
+        ge=0,
+        description="inFlight as a percent of capacity (rounded); above 100 the SLO is likely missed "
+        "(absent while no replica is Ready).",
+    )
+    replicas_needed: int | None = Field(
+        default=None,
+        ge=0,
+        description="Replicas the current load needs within the SLO: inFlight / status.profile.concurrency, "
+        "rounded up.",
+    )
+    cost_per_million_tokens: float | None = Field(
+        default=None,
+        ge=0,
+        description="What 1M generated tokens cost at the measured operating point (spec.cost.gpuHourPrice "
+        "x resources.gpu.count / status.profile.outputTokensPerSecond): the best case, every replica busy "
+        "at the SLO.",
+    )
+    currency: str | None = Field(
+        default=None, max_length=3, description="The currency of costPerMillionTokens (spec.cost.currency)."
+    )
+
+
 class InferenceServiceStatus(ApiModel):
     """Observed state of an InferenceService."""
 
@@ -342,6 +383,11 @@ class InferenceServiceStatus(ApiModel):
     )
     profile: ProfileStatus | None = Field(
         default=None, description="The capacity profile against spec.slo (only with spec.slo)."
+    )
+    sizing: SizingStatus | None = Field(
+        default=None,
+        description="The load against the measured capacity, the replicas it needs and the cost of a token "
+        "at the SLO (only with spec.slo, once a profile measured; the Load% column of kubectl get).",
     )
     adapters_ready: str | None = Field(
         default=None,

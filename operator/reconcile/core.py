@@ -461,8 +461,8 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
     if p.adapters is None:  # not synced in this pass (an invalid spec, or no syncer)
         kept.update(("adapters", "adaptersReady"))
     profile = None
-    if desired is None:  # an invalid spec: the last profile stands
-        kept.add("profile")
+    if desired is None:  # an invalid spec: the last profile, and the sizing read from it, stand
+        kept.update(("profile", "sizing"))
     else:
         job = next((p.live.get(child_key(m)) for m in desired if m["kind"] == PROFILE_KIND), None)
         profile = profile_status(p.kube, p.namespace, job, (p.owner.get("status") or {}).get("profile"))

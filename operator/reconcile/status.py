@@ -3,10 +3,11 @@
 No I/O. The pass gathers what it saw into an `Observed` (core.observe, the only step that makes calls) and
 `compute_status(owner, observed)` returns the complete status: the conditions (Ready, Progressing,
 Degraded, DisruptionTolerant), the replica counts, and the reports of the replicas, KEDA and the capacity
-profile (autoscaling, capacity, startup, modelCache, restarts, adapters, profile). A condition keeps its
-lastTransitionTime unless its status flips. What keeps replicas from being ready (`blocker`: pods on a lost
-node, a failing container, an unschedulable pod, pods the API server refuses, a stuck rollout) makes the
-service Degraded and is the Ready condition's reason while replicas are missing, so `kubectl get` shows it.
+profile (autoscaling, capacity, startup, modelCache, restarts, adapters, profile, and sizing from
+autoscaling and profile). A condition keeps its lastTransitionTime unless its status flips. What keeps
+replicas from being ready (`blocker`: pods on a lost node, a failing container, an unschedulable pod, pods
+the API server refuses, a stuck rollout) makes the service Degraded and is the Ready condition's reason
+while replicas are missing, so `kubectl get` shows it.
 
 The conditions read the spec as stored (`owner["spec"]`), not the validated model: an invalid spec still gets
 a status, whose messages name the fields as the user wrote them.
@@ -24,6 +25,7 @@ from pagoda.operator.reconcile.nodes import lost_node_issue, lost_replicas
 from pagoda.operator.reconcile.pods import PodIssue, pods_issue
 from pagoda.operator.reconcile.scaling import autoscaling_status
 from pagoda.operator.reconcile.scheduling import unschedulable_issue
+from pagoda.operator.reconcile.sizing import sizing_status
 from pagoda.operator.reconcile.startup import startup_status, typical_seconds
 from pagoda.operator.reconcile.times import parse_time
 
@@ -114,6 +116,7 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
         "modelCache": observed.model_cache,
         "restarts": observed.restarts,
         "profile": observed.profile,
+        "sizing": sizing_status(spec, observed.profile, status.get("autoscaling"), status["readyReplicas"]),
     }
     status.update({key: value for key, value in reports.items() if value is not None})
     status.update(observed.adapters)
@@ -338,6 +341,7 @@ OPTIONAL_FIELDS = (
     "adapters",
     "adaptersReady",
     "profile",
+    "sizing",
 )
 
 

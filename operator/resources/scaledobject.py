@@ -96,11 +96,15 @@ def picker_queue_query(name: str, namespace: str) -> str:
     return f'sum({QUEUE_METRIC}{{namespace="{namespace}",inference_pool="{name}"}})'
 
 
+# The load trigger's name with metric InFlight or SLO: status.autoscaling and status.sizing read it.
+IN_FLIGHT_TRIGGER = "in-flight"
+
+
 def _load_trigger(name: str, namespace: str, autoscaling: AutoscalingSpec, target: int) -> dict[str, Any]:
     in_flight = autoscaling.scaling_metric in IN_FLIGHT_METRICS
     return {
         "type": "prometheus",
-        "name": "in-flight" if in_flight else "queue-depth",
+        "name": IN_FLIGHT_TRIGGER if in_flight else "queue-depth",
         # AverageValue: KEDA divides the total by the replica count: the threshold is per replica.
         "metricType": "AverageValue",
         "metadata": {
