@@ -55,7 +55,7 @@ from e2e.processes import (
     wait_until,
     wait_while_running,
 )
-from e2e.realpods import condition
+from e2e.realpods import is_ready, pods_matching
 from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT, METRICS_PORT  # the picker's
 
 if TYPE_CHECKING:
@@ -186,12 +186,7 @@ def running_picker(cluster: Cluster, name: str, namespace: str, deadline: float)
     )
     service = _wait_object(cluster, namespace, "service", ref["name"], deadline)
     selector = ",".join(f"{k}={v}" for k, v in deployment["spec"]["selector"]["matchLabels"].items())
-    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json", "-l", selector).stdout)
-    ready = [
-        p["status"]["podIP"]
-        for p in pods["items"]
-        if not p["metadata"].get("deletionTimestamp") and condition(p, "Ready").get("status") == "True"
-    ]
+    ready = [p["status"]["podIP"] for p in pods_matching(cluster, namespace, selector) if is_ready(p)]
     if not ready:
         raise StartError(f"The picker {namespace}/{ref['name']} has no Ready pod")
     return Picker(ref.get("failureMode") == "FailOpen", service["spec"]["clusterIP"], ready[0])

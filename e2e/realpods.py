@@ -62,13 +62,23 @@ def all_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]
     return items
 
 
+def pods_matching(cluster: Cluster, namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The pods of label `selector` that are not terminating."""
+    found = get_json(cluster, "-n", namespace, "pods", "-l", selector)["items"]
+    return [p for p in found if not p["metadata"].get("deletionTimestamp")]
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    return condition(pod, "Ready").get("status") == "True"
+
+
 def pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
     """The service's pods that are not terminating."""
-    return [p for p in all_pods(cluster, namespace, name) if not p["metadata"].get("deletionTimestamp")]
+    return pods_matching(cluster, namespace, f"{OWNER_LABEL}={name}")
 
 
 def ready_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
-    return [p for p in pods(cluster, namespace, name) if condition(p, "Ready").get("status") == "True"]
+    return [p for p in pods(cluster, namespace, name) if is_ready(p)]
 
 
 def is_real_pod_ip(address: str) -> bool:

@@ -36,7 +36,17 @@ from e2e.fixtures import tiny_sample
 from e2e.gateway import UPSTREAM_HEADER, Gateway, envoy_counter, start_gateway
 from e2e.observability import Load
 from e2e.processes import wait_until
-from e2e.realpods import condition, finished, get_json, pods, ready_pods, samples, wait_condition
+from e2e.realpods import (
+    all_pods,
+    finished,
+    get_json,
+    is_ready,
+    pods,
+    pods_matching,
+    ready_pods,
+    samples,
+    wait_condition,
+)
 from e2e.stack import Stack
 from pagoda.operator.resources.routing import leader_lease_name, picker_selector
 
@@ -178,7 +188,12 @@ def test_a_pod_deleted_under_load_through_envoy_fails_no_request(cluster: Cluste
         cluster.kubectl("delete", "pod", "-n", NAMESPACE, victim["metadata"]["name"], "--wait=false")
         at_deletion = load.completed
         wait_until(
-            lambda: not any(p["metadata"]["uid"] == victim["metadata"]["uid"] for p in _all_pods(cluster)),
+            lambda: (
+                not any(
+                    p["metadata"]["uid"] == victim["metadata"]["uid"]
+                    for p in all_pods(cluster, NAMESPACE, NAME)
+                )
+            ),
             "the deleted pod to be gone",
             timeout=120,
             interval=1,
@@ -192,26 +207,14 @@ def test_a_pod_deleted_under_load_through_envoy_fails_no_request(cluster: Cluste
     assert done > at_deletion  # requests completed while the pod terminated (preStop sleep, drain)
 
 
-def _all_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    """Every pod of the service, terminating ones included."""
-    found: list[dict[str, Any]] = json.loads(
-        cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout
-    )["items"]
-    return found
-
-
 def picker_pods(cluster: Cluster) -> list[dict[str, Any]]:
     """The picker's pods that are not being deleted."""
-    selector = ",".join(f"{k}={v}" for k, v in picker_selector(NAME).items())
-    found = get_json(cluster, "pods", "-n", NAMESPACE, "-l", selector)
-    return [p for p in found["items"] if not p["metadata"].get("deletionTimestamp")]
+    return pods_matching(cluster, NAMESPACE, ",".join(f"{k}={v}" for k, v in picker_selector(NAME).items()))
 
 
 def ready_picker(cluster: Cluster) -> str | None:
     """The name of the picker's one Ready pod (the leader), None while none is Ready."""
-    ready = [
-        p["metadata"]["name"] for p in picker_pods(cluster) if condition(p, "Ready").get("status") == "True"
-    ]
+    ready = [p["metadata"]["name"] for p in picker_pods(cluster) if is_ready(p)]
     assert len(ready) <= 1, f"only the leader may be Ready: {ready}"
     return ready[0] if ready else None
 
