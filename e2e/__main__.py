@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from e2e import realnode
+from e2e.addons import wait_established
 from e2e.cluster import (
     DEV_DIR,
     Cluster,
@@ -22,7 +23,7 @@ from e2e.cluster import (
     install_operator,
     start,
 )
-from e2e.processes import REPO_ROOT, Launcher, StartError, all_alive, free_ports, wait_until
+from e2e.processes import REPO_ROOT, Launcher, StartError, all_alive, free_ports
 from e2e.stack import start_stack
 
 
@@ -68,17 +69,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
 def start_operator(cluster: Cluster, timeout: float = 60.0) -> None:
     """Without a real node: installs the InferenceService CRD and runs `pagoda-operator` as a process."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    # Polled, not `kubectl wait`: that fails at once while the API server has not yet listed the new CRD
-    # (a busy machine, CI at 9bdd12e), where a poll just waits.
-    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-
-    def established() -> bool:
-        got = cluster.kubectl(
-            "get", "crd/inferenceservices.pagoda.dev", "-o", f"jsonpath={jsonpath}", check=False
-        )
-        return got.returncode == 0 and got.stdout.strip() == "True"
-
-    wait_until(established, "the InferenceService CRD to be Established", timeout, 0.5)
+    wait_established(cluster, ["crd/inferenceservices.pagoda.dev"], timeout)
     launcher = Launcher(cluster.bin_dir, cluster.workdir / "logs", detach=True)
     (port,) = free_ports(1)
     args = [f"--kubeconfig={cluster.kubeconfig}", "--metrics-host=127.0.0.1", f"--metrics-port={port}"]

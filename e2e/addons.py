@@ -44,6 +44,7 @@ from e2e.processes import (
     free_ports,
     http_ok,
     listens,
+    wait_until,
     wait_while_running,
 )
 from e2e.realnode import NodePaths
@@ -185,7 +186,27 @@ def install_crds(cluster: Cluster, files: tuple[str, ...], timeout: float) -> No
             for doc in yaml.safe_load_all((crd_dir / name).read_text())
             if doc
         ]
-    _kubectl(cluster, "wait", "--for=condition=Established", f"--timeout={timeout:.0f}s", *names)
+    wait_established(cluster, names, timeout)
+
+
+def wait_established(cluster: Cluster, names: list[str], timeout: float) -> None:
+    """Polls each CRD (`crd/<name>`) until it is Established. Not `kubectl wait`: that exits 1 at once
+    while the API server has not yet listed a CRD just applied (a busy machine: CI at 346655e)."""
+    jsonpath = 'jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + timeout
+
+    def established(name: str) -> bool:
+        got = cluster.kubectl("get", name, "-o", jsonpath, check=False)
+        return got.returncode == 0 and got.stdout.strip() == "True"
+
+    for name in names:
+        wait_until(
+            lambda name=name: established(name),
+            f"{name} to be Established",
+            timeout=max(deadline - time.monotonic(), 1.0),
+            interval=0.5,
+            error=StartError,
+        )
 
 
 def external_metrics_objects(adapter_port: int, ca_cert: Path) -> list[dict[str, Any]]:

@@ -24,6 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import yaml  # noqa: E402
 
+from e2e.addons import wait_established  # noqa: E402
 from e2e.cluster import start_private  # noqa: E402
 from e2e.fixtures import tiny_sample  # noqa: E402
 from e2e.observability import (  # noqa: E402
@@ -126,9 +127,7 @@ def main(argv: list[str]) -> int:
         prom = Prometheus(work / "prometheus", rule_files=[rules]).start()
         procs.append(prom)
         cluster.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
-        cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
-        )
+        wait_established(cluster, ["crd/inferenceservices.pagoda.dev"], 60)
         cluster.kubectl("create", "namespace", "ml")
         good = tiny_sample("ml")
         broken = json.loads(json.dumps(good))
