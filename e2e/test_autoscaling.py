@@ -28,7 +28,6 @@ from e2e.autoscaling import (
 )
 from e2e.chartenv import ChartOperator
 from e2e.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
-from e2e.processes import wait_until
 from e2e.realpods import get_json, isvc
 from e2e.stack import DEFAULT_PROMETHEUS, Stack
 
@@ -47,7 +46,18 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     # Prometheus hung under the peak load: KEDA fell back, and no replica was removed until it answered.
     assert outage.fallback_after is not None and outage.fallback_after < 90, outage.fallback_after
     assert outage.replicas and min(outage.replicas) == MAX_REPLICAS, outage.replicas
-    print(f"\nPrometheus hung {outage.seconds:.0f} s; KEDA fell back after {outage.fallback_after:.0f} s")
+    # Once Prometheus answered (and the peak ended) KEDA read its metrics again: the fallback ended, and the
+    # replicas went back to the minimum (checked below; the fallback would hold them at 3).
+    scaled = get_json(stack.cluster, "scaledobject", NAME, "-n", namespace)
+    fallback = {c["type"]: c["status"] for c in scaled["status"]["conditions"]}.get("Fallback")
+    assert fallback == "False", scaled["status"]
+    recovered = (
+        "after the peak" if outage.recovered_after is None else f"{outage.recovered_after:.0f} s after"
+    )
+    print(
+        f"\nPrometheus hung {outage.seconds:.0f} s; KEDA fell back after {outage.fallback_after:.0f} s and "
+        f"read its metrics again {recovered}"
+    )
     print(f"Scale-out, Prometheus hang, scale-in: completed={load.completed} failed={len(load.failures)}")
     assert load.completed > 50
     # KEDA found Prometheus at the default address, a Service name, through the cluster DNS.
@@ -142,14 +152,23 @@ class PrometheusOutage:
     """Hangs Prometheus (and its ServiceMonitor sync) under the peak load until KEDA reports its fallback and
     for at least HOLD_SECONDS (as long as the scenario's peak lasts without it); samples the replicas (the
     HPA's current, the Deployment's ready) from the API server meanwhile. A fallback to a fixed count (KEDA's
-    `static`) would drop them to it."""
+    `static`) would drop them to it.
+
+    After the hang the peak goes on for up to RECOVERY_SECONDS while the fallback may end (`recovered_after`);
+    the test asserts that it has ended once the replicas are back at the minimum. Not under the peak: there
+    three engines hold both cores, Prometheus catches up after its hang, and its answers can outlast KEDA's
+    3 s HTTP timeout for minutes (a CI run saw the fallback go on for over 120 s of peak load, and a local
+    one KEDA's queries time out then while ours, allowed 30 s, answered): the machine's overload, not
+    KEDA's recovery. When the fallback outlasts RECOVERY_SECONDS, keda_state's report is printed."""
 
     HOLD_SECONDS = 20
+    RECOVERY_SECONDS = 30
 
     def __init__(self, stack: Stack) -> None:
         self.stack = stack
         self.fallback_after: float | None = None  # seconds from the hang to KEDA's Fallback condition
         self.seconds = 0.0  # how long Prometheus hung
+        self.recovered_after: float | None = None  # seconds from the resume to the fallback's end
         self.replicas: list[int] = []  # the lower of current and ready, every second of the hang
 
     def sample(self, sampler: Sampler) -> None:
@@ -166,15 +185,67 @@ class PrometheusOutage:
         started = time.monotonic()
         with frozen(pid):
             while time.monotonic() - started < self.HOLD_SECONDS or self.fallback_after is None:
-                assert time.monotonic() - started < 120, "KEDA did not fall back within 120 s"
+                assert time.monotonic() - started < 120, f"No fallback in 120 s:\n{self.keda_state(sampler)}"
                 self.sample(sampler)
                 if self.fallback_after is None and scaled_object_condition(sampler, "Fallback") == "True":
                     self.fallback_after = time.monotonic() - started
                 time.sleep(1)
             self.seconds = time.monotonic() - started
-        wait_until(
-            lambda: scaled_object_condition(sampler, "Fallback") == "False",
-            "KEDA's fallback to end once Prometheus answers",
-            timeout=120,
-            interval=1,
+        resumed = time.monotonic()
+        print(f"\nPrometheus resumed at {time.asctime(time.gmtime())} UTC")
+        while time.monotonic() - resumed < self.RECOVERY_SECONDS:
+            if scaled_object_condition(sampler, "Fallback") == "False":
+                self.recovered_after = time.monotonic() - resumed
+                return
+            time.sleep(1)
+        print(
+            f"KEDA still in fallback {self.RECOVERY_SECONDS} s after the resume:\n{self.keda_state(sampler)}"
         )
+
+    def keda_state(self, sampler: Sampler) -> str:
+        """What KEDA saw: the ScaledObject's health and conditions, the HPA's conditions, the trigger's query
+        timed from here (to Prometheus directly and through the Service's ClusterIP, KEDA's way) and through
+        KEDA's adapter, and the operator's last errors."""
+        path = f"/namespaces/{sampler.namespace}"
+        obj = sampler.get(f"/apis/keda.sh/v1alpha1{path}/scaledobjects/{NAME}") or {}
+        hpa = sampler.get(f"/apis/autoscaling/v2{path}/horizontalpodautoscalers/keda-hpa-{NAME}") or {}
+        name, namespace = DEFAULT_PROMETHEUS.hostname.split(".")[:2]  # type: ignore[union-attr]
+        service = sampler.get(f"/api/v1/namespaces/{namespace}/services/{name}") or {}
+        via_service = f"http://{(service.get('spec') or {}).get('clusterIP')}:{DEFAULT_PROMETHEUS.port}"
+        status = obj.get("status") or {}
+        conditions = [
+            (c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []
+        ]
+        hpa_conditions = [
+            (c.get("type"), c.get("status"), c.get("reason"), c.get("message"))
+            for c in (hpa.get("status") or {}).get("conditions") or []
+        ]
+        query = sampler.trigger_query()
+        errors = [
+            line
+            for line in self.stack.addons.keda.operator.log().splitlines()
+            if "ERROR" in line or "allback" in line
+        ]
+        return "\n".join(
+            [
+                f"at {time.asctime(time.gmtime())} UTC",
+                f"ScaledObject health: {status.get('health')}",
+                f"ScaledObject conditions: {conditions}",
+                f"HPA conditions: {hpa_conditions}",
+                f"trigger query, direct: {timed_query(sampler.prometheus_url, query)}",
+                f"trigger query, ClusterIP: {timed_query(via_service, query)}",
+                f"through KEDA's adapter: {sampler.external(hpa)}",
+                "KEDA operator, last errors and fallback lines:",
+                *errors[-25:],
+            ]
+        )
+
+
+def timed_query(url: str, query: str) -> str:
+    """`query`'s answer from the Prometheus at `url`, or its error, and how long it took: a diagnostic."""
+    started = time.monotonic()
+    try:
+        answer: object = PrometheusAt(url).query(query)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic: the failure is what it reports
+        answer = repr(exc)
+    return f"{answer} in {time.monotonic() - started:.1f} s"
