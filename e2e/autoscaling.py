@@ -320,10 +320,8 @@ def frozen(pid: int) -> Iterator[None]:
 def scaled_object_condition(sampler: Sampler, kind: str) -> str | None:
     """The status ("True", "False") of the ScaledObject's condition `kind` (Ready, Active, Fallback)."""
     obj = sampler.get(f"/apis/keda.sh/v1alpha1/namespaces/{sampler.namespace}/scaledobjects/{NAME}") or {}
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return str(cond.get("status"))
-    return None
+    status = condition(obj, kind).get("status")
+    return None if status is None else str(status)
 
 
 def sampler_ready(sampler: Sampler) -> bool:

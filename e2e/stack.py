@@ -34,6 +34,8 @@ MONITORING = "monitoring"
 START_TIMEOUT = 180.0
 # Where a ScaledObject looks for Prometheus unless the InferenceService says otherwise.
 DEFAULT_PROMETHEUS = urlsplit(AutoscalingSpec.model_fields["prometheus_address"].default)
+# Its Service: <name>.<namespace>.svc.
+PROMETHEUS_SERVICE, PROMETHEUS_NAMESPACE = DEFAULT_PROMETHEUS.hostname.split(".")[:2]  # type: ignore[union-attr]
 
 
 @dataclass
@@ -83,7 +85,7 @@ def prometheus_service(host: str, port: int) -> list[dict[str, Any]]:
     """The namespace, Service and EndpointSlice that make DEFAULT_PROMETHEUS lead to Prometheus at host:port.
     A ClusterIP Service, where the Prometheus Operator's is headless: the Service maps port 9090 to the
     process's free port, which a headless name could not."""
-    name, namespace = DEFAULT_PROMETHEUS.hostname.split(".")[:2]  # type: ignore[union-attr]
+    name, namespace = PROMETHEUS_SERVICE, PROMETHEUS_NAMESPACE
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
         {

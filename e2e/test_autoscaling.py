@@ -28,8 +28,9 @@ from e2e.autoscaling import (
 )
 from e2e.chartenv import ChartOperator
 from e2e.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
-from e2e.realpods import get_json, isvc
-from e2e.stack import DEFAULT_PROMETHEUS, Stack
+from e2e.processes import WaitTimeout, wait_until
+from e2e.realpods import condition, get_json, isvc
+from e2e.stack import DEFAULT_PROMETHEUS, PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -49,8 +50,7 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     # Once Prometheus answered (and the peak ended) KEDA read its metrics again: the fallback ended, and the
     # replicas went back to the minimum (checked below; the fallback would hold them at 3).
     scaled = get_json(stack.cluster, "scaledobject", NAME, "-n", namespace)
-    fallback = {c["type"]: c["status"] for c in scaled["status"]["conditions"]}.get("Fallback")
-    assert fallback == "False", scaled["status"]
+    assert condition(scaled, "Fallback").get("status") == "False", scaled["status"]
     recovered = (
         "after the peak" if outage.recovered_after is None else f"{outage.recovered_after:.0f} s after"
     )
@@ -193,14 +193,17 @@ class PrometheusOutage:
             self.seconds = time.monotonic() - started
         resumed = time.monotonic()
         print(f"\nPrometheus resumed at {time.asctime(time.gmtime())} UTC")
-        while time.monotonic() - resumed < self.RECOVERY_SECONDS:
-            if scaled_object_condition(sampler, "Fallback") == "False":
-                self.recovered_after = time.monotonic() - resumed
-                return
-            time.sleep(1)
-        print(
-            f"KEDA still in fallback {self.RECOVERY_SECONDS} s after the resume:\n{self.keda_state(sampler)}"
-        )
+        try:
+            wait_until(
+                lambda: scaled_object_condition(sampler, "Fallback") == "False",
+                "KEDA's fallback to end at the peak",
+                timeout=self.RECOVERY_SECONDS,
+                interval=1,
+            )
+        except WaitTimeout:
+            print(f"KEDA still in fallback after the resume:\n{self.keda_state(sampler)}")
+        else:
+            self.recovered_after = time.monotonic() - resumed
 
     def keda_state(self, sampler: Sampler) -> str:
         """What KEDA saw: the ScaledObject's health and conditions, the HPA's conditions, the trigger's query
@@ -209,8 +212,9 @@ class PrometheusOutage:
         path = f"/namespaces/{sampler.namespace}"
         obj = sampler.get(f"/apis/keda.sh/v1alpha1{path}/scaledobjects/{NAME}") or {}
         hpa = sampler.get(f"/apis/autoscaling/v2{path}/horizontalpodautoscalers/keda-hpa-{NAME}") or {}
-        name, namespace = DEFAULT_PROMETHEUS.hostname.split(".")[:2]  # type: ignore[union-attr]
-        service = sampler.get(f"/api/v1/namespaces/{namespace}/services/{name}") or {}
+        service = (
+            sampler.get(f"/api/v1/namespaces/{PROMETHEUS_NAMESPACE}/services/{PROMETHEUS_SERVICE}") or {}
+        )
         via_service = f"http://{(service.get('spec') or {}).get('clusterIP')}:{DEFAULT_PROMETHEUS.port}"
         status = obj.get("status") or {}
         conditions = [
