@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import signal
 import threading
 import time
@@ -409,28 +410,39 @@ class Prewarm:
     released: float | None = None  # back to MIN_REPLICAS Ready and desired
 
 
-# One minute (cron's resolution): after the scenario the image is on the node and a replica was Ready 22 s
-# after its pod was created (and that 10-20 s after the trigger opened: KEDA's poll, the HPA's sync).
-PREWARM_WARM_UP_SECONDS = 60
+# The warm-up: the service's typical cold start as status.startup measured it in the scenario (a replica was
+# Ready 22 s after its pod was created here; a slower machine takes longer, and a fixed minute would not do),
+# plus the time from the trigger opening to the pod's creation (KEDA's poll, 5 s here, and the HPA's sync,
+# 5 s: 10-20 s seen), in whole minutes (cron's resolution).
+PREWARM_TRIGGER_LAG_SECONDS = 20
+
+
+def prewarm_warm_up(cluster: Cluster, namespace: str) -> int:
+    """Seconds of warm-up that let a replica be Ready by the window's start on this machine."""
+    startup = get_json(cluster, "-n", namespace, "inferenceservice", NAME)["status"].get("startup") or {}
+    typical = (startup.get("typical") or {}).get("seconds")
+    assert typical is not None, f"no status.startup.typical after the scenario's replicas: {startup}"
+    return 60 * math.ceil((float(typical) + PREWARM_TRIGGER_LAG_SECONDS) / 60)
 
 
 def run_prewarm(cluster: Cluster, namespace: str) -> Prewarm:
     """A one-minute spec.autoscaling.schedule window for 2 replicas on the autoscaled service (at its minimum,
     1, with no load): the second replica must start during the warm-up before the window, serve in it, and
     go after it. The window opens at the first whole minute at least the warm-up and 5 s away."""
+    warm_up = prewarm_warm_up(cluster, namespace)
     now = datetime.now(UTC)
     # KEDA's cron trigger is active whenever its next end comes before its next start, so one applied a few
     # seconds after its start minute is active at once: no margin needed for the operator and KEDA.
-    soonest = now + timedelta(seconds=PREWARM_WARM_UP_SECONDS + 5)
+    soonest = now + timedelta(seconds=warm_up + 5)
     opens = soonest.replace(second=0, microsecond=0) + timedelta(minutes=1 if soonest.second else 0)
     closes = opens + timedelta(minutes=1)
     window = {"start": opens.strftime("%H:%M"), "end": closes.strftime("%H:%M"), "minReplicas": 2}
     before = {p["metadata"]["name"] for p in ready_pods(cluster, namespace, NAME)}
-    spec = {"autoscaling": {"schedule": [window], "warmUpSeconds": PREWARM_WARM_UP_SECONDS}}
+    spec = {"autoscaling": {"schedule": [window], "warmUpSeconds": warm_up}}
     cluster.kubectl(
         "-n", namespace, "patch", "inferenceservice", NAME, "--type=merge", "-p", json.dumps({"spec": spec})
     )
-    result = Prewarm(opens.timestamp(), closes.timestamp(), PREWARM_WARM_UP_SECONDS)
+    result = Prewarm(opens.timestamp(), closes.timestamp(), warm_up)
 
     def scaled_object_triggers() -> list[dict[str, Any]] | None:
         found = get_json(cluster, "-n", namespace, "scaledobject", NAME)["spec"]["triggers"]

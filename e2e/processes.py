@@ -469,6 +469,7 @@ class OperatorProcess(ManagedProcess, OperatorMetrics):
         self.kubeconfig, self.resync_seconds, self.workers = kubeconfig, resync_seconds, workers
         self.metrics_host, self.cwd, self.runtime_image = metrics_host, cwd, runtime_image
         self.port = free_port()
+        self.extra_args: list[str] = []  # more flags, for the next start
 
     def args(self) -> list[str]:
         args = [str(VENV_BIN / "pagoda-operator"), "--kubeconfig", str(self.kubeconfig)]
@@ -485,7 +486,7 @@ class OperatorProcess(ManagedProcess, OperatorMetrics):
             args += ["--management-key-secret", self.management_key_secret]
         if self.leader_elect is not None:
             args += ["--leader-elect", self.leader_elect]
-        return args
+        return args + self.extra_args
 
     def start(self) -> Self:
         self.launch(self.args(), cwd=self.cwd)

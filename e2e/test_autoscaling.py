@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import pytest
 
@@ -51,6 +52,18 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
     # replicas went back to the minimum (checked below; the fallback would hold them at 3).
     scaled = get_json(stack.cluster, "scaledobject", NAME, "-n", namespace)
     assert condition(scaled, "Fallback").get("status") == "False", scaled["status"]
+    # The InferenceService said so while it held: the condition ScalingMetricsUnavailable named the trigger
+    # (since when: its lastTransitionTime), and it ended with the fallback.
+    assert outage.blind is not None and outage.blind["reason"] == "KedaFallback", outage.blind
+    assert "trigger in-flight" in outage.blind["message"] and outage.blind["lastTransitionTime"], outage.blind
+    wait_until(
+        lambda: (
+            condition(isvc(stack.cluster, namespace, NAME), "ScalingMetricsUnavailable").get("status")
+            == "False"
+        ),
+        "the condition ScalingMetricsUnavailable False after the fallback",
+        timeout=30,
+    )
     recovered = (
         "after the peak" if outage.recovered_after is None else f"{outage.recovered_after:.0f} s after"
     )
@@ -134,8 +147,8 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
 
     # Pre-warming: a one-minute schedule window for 2 replicas on the idle service (at 1). The warm replica
     # starts in the warm-up before the window (not before it), is Ready about when the window opens (the
-    # margin: a replica starts in 20-40 s here, on shared cores), serves in it through the Service, and goes
-    # after it.
+    # warm-up is the cold start this machine measured, plus KEDA's and the HPA's lag: e2e/autoscaling.py's
+    # prewarm_warm_up), serves in it through the Service, and goes after it.
     warm = run_prewarm(stack.cluster, namespace)
     print(f"\nPre-warm: {warm}")
     [cron] = [t for t in warm.triggers if t["type"] == "cron"]
@@ -149,9 +162,10 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
 
 
 class PrometheusOutage:
-    """Hangs Prometheus (and its ServiceMonitor sync) under the peak load until KEDA reports its fallback and
-    for at least HOLD_SECONDS (as long as the scenario's peak lasts without it); samples the replicas (the
-    HPA's current, the Deployment's ready) from the API server meanwhile. A fallback to a fixed count (KEDA's
+    """Hangs Prometheus (and its ServiceMonitor sync) under the peak load until KEDA reports its fallback (and
+    the InferenceService its condition ScalingMetricsUnavailable: `blind`) and for at least HOLD_SECONDS (as
+    long as the scenario's peak lasts without it); samples the replicas (the HPA's current, the Deployment's
+    ready) and that condition from the API server meanwhile. A fallback to a fixed count (KEDA's
     `static`) would drop them to it.
 
     After the hang the peak goes on for up to RECOVERY_SECONDS while the fallback may end (`recovered_after`);
@@ -170,6 +184,7 @@ class PrometheusOutage:
         self.seconds = 0.0  # how long Prometheus hung
         self.recovered_after: float | None = None  # seconds from the resume to the fallback's end
         self.replicas: list[int] = []  # the lower of current and ready, every second of the hang
+        self.blind: dict[str, Any] | None = None  # the service's ScalingMetricsUnavailable once it was True
 
     def sample(self, sampler: Sampler) -> None:
         hpa = sampler.get(
@@ -178,13 +193,22 @@ class PrometheusOutage:
         deployment = sampler.get(f"/apis/apps/v1/namespaces/{sampler.namespace}/deployments/{NAME}") or {}
         current = int(((hpa or {}).get("status") or {}).get("currentReplicas") or 0)
         self.replicas.append(min(current, int((deployment.get("status") or {}).get("readyReplicas") or 0)))
+        path = f"/apis/pagoda.dev/v1alpha1/namespaces/{sampler.namespace}/inferenceservices/{NAME}"
+        service = sampler.get(path)
+        found = condition(service or {}, "ScalingMetricsUnavailable")
+        if self.blind is None and found.get("status") == "True":
+            self.blind = found
 
     def __call__(self, sampler: Sampler) -> None:
         pid = self.stack.monitoring.pid
         assert pid is not None
         started = time.monotonic()
         with frozen(pid):
-            while time.monotonic() - started < self.HOLD_SECONDS or self.fallback_after is None:
+            while (
+                time.monotonic() - started < self.HOLD_SECONDS
+                or self.fallback_after is None
+                or self.blind is None
+            ):
                 assert time.monotonic() - started < 120, f"No fallback in 120 s:\n{self.keda_state(sampler)}"
                 self.sample(sampler)
                 if self.fallback_after is None and scaled_object_condition(sampler, "Fallback") == "True":

@@ -128,7 +128,8 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
     ready = panels[("Replicas needed at the SLO", "ready")]
     assert per_replica == STREAMS[-1] and in_flight > 0 and ready >= 1
     assert panels[("Capacity at the SLO", "all ready replicas")] == per_replica * ready
-    assert panels[("Replicas needed at the SLO", "needed")] == math.ceil(in_flight / per_replica)
+    # Needed at the HPA's own per-replica target (sloTargetRatio x the measured concurrency), not at 100%.
+    assert panels[("Replicas needed at the SLO", "needed")] == math.ceil(in_flight / int(target))
     assert panels[("Load vs capacity at the SLO", "load / capacity")] == pytest.approx(
         in_flight / (per_replica * ready)
     )
@@ -145,7 +146,8 @@ def test_profile_job_measures_a_replica_and_metric_slo_scales_at_that_point(
     assert in_flight == pytest.approx(float(reading["value"]) * status["autoscaling"]["currentReplicas"])
     assert sizing["capacity"] == per_replica * ready
     assert sizing["loadPercent"] == round(100 * in_flight / (per_replica * ready))
-    assert sizing["replicasNeeded"] == math.ceil(in_flight / per_replica)
+    assert sizing["targetPerReplica"] == int(target)
+    assert sizing["replicasNeeded"] == math.ceil(in_flight / int(target))
     assert sizing["costPerMillionTokens"] == pytest.approx(expected_cost, rel=1e-3)
     assert sizing["currency"] == "USD"
     # kubectl get shows the load (and -o wide the replicas needed and the cost) as status.sizing has them.

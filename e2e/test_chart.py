@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import re
 import tempfile
 import uuid
@@ -258,6 +259,42 @@ def test_operator_with_the_charts_rbac_reconciles_samples_to_ready(
     for verb, resource in (("get", "secrets"), ("update", "deployments"), ("delete", "inferenceservices")):
         answer = cluster.kubectl("auth", "can-i", verb, resource, "-A", who, check=False).stdout.strip()
         assert answer == "no", f"{verb} {resource}: {answer}"
+
+
+def test_the_operator_binds_the_pickers_cluster_role_and_holds_no_other_lease(
+    cluster: Cluster, release_ns: str, operator: ChartOperator, samples: tuple[str, Path]
+) -> None:
+    """Issue #40 §8, enforced by the API server: as the chart's ServiceAccount, a RoleBinding to the endpoint
+    pickers' ClusterRole passes RBAC's escalation check (the `bind` rule), while a Role with the same Lease
+    rule is refused (the operator holds no Lease rule to grant), and no Lease outside the release's
+    namespace may be read or written, kube-system's included."""
+    namespace, _ = samples
+    who = f"--as=system:serviceaccount:{release_ns}:pagoda"
+    picker_role = f"{RELEASE}-endpoint-picker"
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "bind-check", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": picker_role},
+        "subjects": [{"kind": "ServiceAccount", "name": "bind-check", "namespace": namespace}],
+    }
+    created = cluster.kubectl("create", "-f", "-", who, input=json.dumps(binding), check=False)
+    assert created.returncode == 0, created.stderr
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "lease-check", "namespace": namespace},
+        "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["update"]}],
+    }
+    refused = cluster.kubectl("create", "-f", "-", who, input=json.dumps(role), check=False)
+    assert refused.returncode != 0 and "forbidden" in refused.stderr.lower(), refused.stderr
+    for verb, where in (("update", "kube-system"), ("get", "kube-system"), ("create", namespace)):
+        answer = cluster.kubectl("auth", "can-i", verb, "leases", "-n", where, who, check=False)
+        assert answer.stdout.strip() == "no", f"{verb} leases in {where}: {answer.stdout}"
+    own = cluster.kubectl(
+        "auth", "can-i", "update", "leases/pagoda-leader", "-n", release_ns, who, check=False
+    )
+    assert own.stdout.strip() == "yes"
 
 
 def test_argocd_sees_no_diff_after_the_operator_reconciled(

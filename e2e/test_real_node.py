@@ -45,15 +45,28 @@ def _node(cluster: Cluster) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def release(cluster: Cluster) -> Iterator[str]:
+def workload(cluster: Cluster) -> Iterator[str]:
+    """The namespace of the services, apart from the operator's (the production layout: the chart in its
+    release namespace watches another). Yields its name."""
+    namespace = f"llm-real-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", namespace)
+    try:
+        yield namespace
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def release(cluster: Cluster, workload: str) -> Iterator[str]:
     """The chart, as the cluster pushed it to the local registry, installed from there (`helm install
-    oci://...`) into a namespace of its own; the operator watches only that namespace. Yields the
-    namespace."""
+    oci://...`) into a namespace of its own; the operator watches only the `workload` namespace, and its
+    NetworkPolicies admit the release's namespace and `monitoring` (the chart's default
+    networkPolicy.allowFromNamespaces). Yields the release's namespace."""
     if cluster.node is None:
         pytest.fail("The session's cluster has no real node (e2e/conftest.py starts one).", pytrace=False)
     namespace = f"pagoda-real-{uuid.uuid4().hex[:6]}"
     adopt_crd(cluster, RELEASE, namespace)
-    install_operator(cluster, RELEASE, namespace, values=(f"operator.watchNamespace={namespace}",))
+    install_operator(cluster, RELEASE, namespace, values=(f"operator.watchNamespace={workload}",))
     try:
         yield namespace
     finally:
@@ -110,20 +123,22 @@ def assert_restricted(cluster: Cluster, namespace: str, pod: str) -> None:
     assert destinations and "00000000" not in destinations, routes.stdout
 
 
-def test_operator_reconciles_through_the_kubernetes_service(cluster: Cluster, release: str) -> None:
+def test_operator_reconciles_through_the_kubernetes_service(
+    cluster: Cluster, release: str, workload: str
+) -> None:
     """The operator pod reaches the API server through the `kubernetes` Service (kube-proxy's DNAT to the
-    node's address) and does its work with the chart's permissions only."""
-    sample = tiny_sample(release, "tiny-real-node")
+    node's address) and does its work, in the namespace it watches, with the chart's permissions only."""
+    sample = tiny_sample(workload, "tiny-real-node")
     cluster.kubectl("apply", "-f", "-", input=json.dumps(sample))
 
     def ready() -> dict[str, Any] | None:
-        obj = kubectl_json(cluster, "get", "inferenceservice", "tiny-real-node", "-n", release)
+        obj = kubectl_json(cluster, "get", "inferenceservice", "tiny-real-node", "-n", workload)
         return obj if condition(obj, "Ready").get("status") == "True" else None
 
     obj = wait_until(ready, "InferenceService tiny-real-node to be Ready", timeout=120)
     assert condition(obj, "Ready")["observedGeneration"] == obj["metadata"]["generation"]
     for kind in ("deployment", "service", "poddisruptionbudget"):
-        kubectl_json(cluster, "get", kind, "tiny-real-node", "-n", release)
+        kubectl_json(cluster, "get", kind, "tiny-real-node", "-n", workload)
     logs = cluster.kubectl("logs", "-n", release, _operator_pod(cluster, release)["metadata"]["name"]).stdout
     assert logs.strip(), "kubectl logs (API server -> kubelet -> the container's log file) gave nothing"
     assert "forbidden" not in logs.lower(), "the chart's RBAC lacks a permission the operator used"
@@ -225,16 +240,17 @@ def _chat(url: str) -> tuple[int, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def served(cluster: Cluster, release: str) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml on the real node, from the CPU runtime image; returns its Ready pod."""
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(tiny_sample(release, SERVICE, real_pods=True)))
-    wait_condition(cluster, release, SERVICE, "Ready", timeout=READY_TIMEOUT)
-    (pod,) = pods(cluster, release, SERVICE)
+def served(cluster: Cluster, release: str, workload: str) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml on the real node, from the CPU runtime image, in the namespace the operator
+    watches; returns its Ready pod."""
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(tiny_sample(workload, SERVICE, real_pods=True)))
+    wait_condition(cluster, workload, SERVICE, "Ready", timeout=READY_TIMEOUT)
+    (pod,) = pods(cluster, workload, SERVICE)
     return pod
 
 
 def test_runtime_image_serves_chat_through_its_service(
-    cluster: Cluster, release: str, served: dict[str, Any]
+    cluster: Cluster, workload: str, served: dict[str, Any]
 ) -> None:
     """The runtime pod runs from the CPU image on the real node with the operator's securityContext, and a
     chat request crosses its ClusterIP Service (kube-proxy) and `kubectl port-forward` (the kubelet's
@@ -244,19 +260,21 @@ def test_runtime_image_serves_chat_through_its_service(
     assert status["image"] == RUNTIME_IMAGE and status["restartCount"] == 0
     assert status["imageID"].endswith(registry.pushed(cluster.workdir)[RUNTIME_IMAGE])
     # The pod is Ready; kube-proxy programs its endpoint a moment later (until then the ClusterIP refuses).
-    url = service_url(cluster, release, SERVICE, timeout=30)
+    url = service_url(cluster, workload, SERVICE, timeout=30)
     code, answer = _chat(url)
     assert code == 200 and answer["choices"][0]["message"]["content"] is not None, answer
-    with port_forward(cluster, release, f"service/{SERVICE}", HTTP_PORT) as local:
+    with port_forward(cluster, workload, f"service/{SERVICE}", HTTP_PORT) as local:
         code, answer = _chat(local)
     assert code == 200 and answer["usage"]["completion_tokens"] > 0, answer
-    logs = cluster.kubectl("logs", "-n", release, served["metadata"]["name"]).stdout
+    logs = cluster.kubectl("logs", "-n", workload, served["metadata"]["name"]).stdout
     assert logs.strip(), "kubectl logs gave nothing for the runtime"
     # The operator's pod template, enforced: the engine served all of that with a read-only root filesystem,
     # and without a service account token to steal (the runtime never calls the API).
-    assert_restricted(cluster, release, served["metadata"]["name"])
+    assert_restricted(cluster, workload, served["metadata"]["name"])
     token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
-    look = cluster.kubectl("exec", "-n", release, served["metadata"]["name"], "--", "cat", token, check=False)
+    look = cluster.kubectl(
+        "exec", "-n", workload, served["metadata"]["name"], "--", "cat", token, check=False
+    )
     assert look.returncode != 0 and "No such file or directory" in look.stderr, look.stderr
 
 
@@ -277,22 +295,12 @@ def _probe(cluster: Cluster, namespace: str, pod: str, url: str) -> str:
     return str(cluster.kubectl(*argv).stdout.strip())
 
 
-def test_network_policy_admits_the_own_namespace_and_refuses_others(
-    cluster: Cluster, release: str, served: dict[str, Any]
-) -> None:
-    """The service's NetworkPolicy, enforced by kube-network-policies on the node: the operator's pod (the
-    service's namespace) reaches the runtime pod; a pod of another namespace, which reaches the operator's
-    metrics Service, is refused at the runtime port until spec.networkPolicy.allowFrom names its namespace."""
-    runtime = f"http://{served['status']['podIP']}:{HTTP_PORT}/health"
-    operator = _operator_pod(cluster, release)
-    assert _probe(cluster, release, operator["metadata"]["name"], runtime) == "200"
-
-    outsider = f"outsider-{uuid.uuid4().hex[:6]}"
-    image = operator["spec"]["containers"][0]["image"]  # on the node already, and it has Python
+def _client_pod(cluster: Cluster, namespace: str, name: str, image: str) -> None:
+    """A pod of `image` (one with Python) that sleeps, Ready in `namespace`, to probe from."""
     client = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": "client", "namespace": outsider},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "containers": [
                 {"name": "c", "image": image, "command": ["python", "-c", "import time; time.sleep(3600)"]}
@@ -300,28 +308,66 @@ def test_network_policy_admits_the_own_namespace_and_refuses_others(
             "terminationGracePeriodSeconds": 0,
         },
     }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(client))
+    cluster.kubectl("wait", "--for=condition=Ready", f"pod/{name}", "-n", namespace, "--timeout=120s")
+
+
+def test_network_policy_admits_the_operator_and_monitoring_and_refuses_a_third_namespace(
+    cluster: Cluster, release: str, workload: str, served: dict[str, Any]
+) -> None:
+    """The production layout, enforced by kube-network-policies on the node: the operator in its release
+    namespace, the service in the namespace it watches, a scraper in `monitoring` (Prometheus's namespace;
+    the policy admits by namespace, not by program), a client in a third namespace. The operator's pod
+    reaches the runtime and has read its capacity through the policy; the scraper gets /metrics; the third
+    namespace's pod, whose network works (it reaches the operator's metrics Service), is refused at the
+    runtime's port until spec.networkPolicy.allowFrom names its namespace."""
+    runtime = f"http://{served['status']['podIP']}:{HTTP_PORT}"
+    operator = _operator_pod(cluster, release)
+    assert _probe(cluster, release, operator["metadata"]["name"], f"{runtime}/livez") == "200"
+    wait_until(
+        lambda: (
+            kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", workload)
+            .get("status", {})
+            .get("capacity")
+        ),
+        "the operator to read the pod's capacity (status.capacity) through the NetworkPolicy",
+        timeout=60,
+    )
+
+    image = operator["spec"]["containers"][0]["image"]  # on the node already, and it has Python
+    scraper = f"scraper-{uuid.uuid4().hex[:6]}"
+    existed = cluster.kubectl("get", "namespace", "monitoring", check=False).returncode == 0
+    if not existed:
+        cluster.kubectl("create", "namespace", "monitoring")
+    outsider = f"outsider-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", outsider)
     try:
-        cluster.kubectl("apply", "-f", "-", input=json.dumps(client))
-        cluster.kubectl("wait", "--for=condition=Ready", "pod/client", "-n", outsider, "--timeout=120s")
+        _client_pod(cluster, "monitoring", scraper, image)
+        assert _probe(cluster, "monitoring", scraper, f"{runtime}/metrics") == "200"
+        _client_pod(cluster, outsider, "client", image)
         metrics = f"http://{FULLNAME}-metrics.{release}.svc:8080/healthz"
         assert _probe(cluster, outsider, "client", metrics) == "200"  # its network works: no policy there
-        assert _probe(cluster, outsider, "client", runtime) in ("URLError", "TimeoutError")
+        for path in ("/livez", "/metrics", "/v1/models"):
+            assert _probe(cluster, outsider, "client", f"{runtime}{path}") in ("URLError", "TimeoutError")
         allow = {"spec": {"networkPolicy": {"allowFrom": [{"namespace": outsider}]}}}
         cluster.kubectl(
-            "patch", "inferenceservice", SERVICE, "-n", release, "--type=merge", "-p", json.dumps(allow)
+            "patch", "inferenceservice", SERVICE, "-n", workload, "--type=merge", "-p", json.dumps(allow)
         )
         wait_until(
-            lambda: _probe(cluster, outsider, "client", runtime) == "200",
+            lambda: _probe(cluster, outsider, "client", f"{runtime}/livez") == "200",
             "the pod of the allowed namespace to reach the runtime",
             timeout=60,
         )
     finally:
         revert = {"spec": {"networkPolicy": None}}
         cluster.kubectl(
-            "patch", "inferenceservice", SERVICE, "-n", release, "--type=merge", "-p", json.dumps(revert)
+            "patch", "inferenceservice", SERVICE, "-n", workload, "--type=merge", "-p", json.dumps(revert)
         )
         cluster.kubectl("delete", "namespace", outsider, "--wait=false", check=False)
+        if existed:
+            cluster.kubectl("delete", "pod", scraper, "-n", "monitoring", "--wait=false", check=False)
+        else:
+            cluster.kubectl("delete", "namespace", "monitoring", "--wait=false", check=False)
 
 
 def test_make_release_publishes_what_the_chart_installs(cluster: Cluster) -> None:

@@ -9,7 +9,14 @@ which the kubelet mounts as an image volume: the start downloads nothing (status
 
 The other side of the waiting room: a routed service with no replica for longer than the picker holds a
 request (spec.replicas 0, routing.endpointPicker.queueTimeoutSeconds 5) answers a burst with 503s that
-name the reason, each after the waiting room and none later."""
+name the reason, each after the waiting room and none later.
+
+And when the metrics vanish: the same service idling at zero while Prometheus hangs (SIGSTOP) gets one
+replica once KEDA's fallback starts, holds it while the hang lasts, and says so (ScalingMetricsUnavailable,
+reason KedaFallback); once Prometheus answers, the condition ends and the service goes back to zero after the
+cooldown (docs/autoscaling.md#when-the-metrics-vanish). Before it, the service idles at zero with Prometheus
+up and nothing happens: its load query answers 0 while no pod is a scrape target (it once answered nothing,
+which KEDA counted as a failure and so started a replica about once a minute)."""
 
 from __future__ import annotations
 
@@ -17,20 +24,22 @@ import json
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import pytest
 
 from e2e import modelimage
+from e2e.autoscaling import frozen
 from e2e.chartenv import ChartOperator
 from e2e.fixtures import tiny_sample
 from e2e.gateway import start_gateway
 from e2e.observability import PrometheusAt, dashboard, panel_queries
-from e2e.processes import VENV_BIN, wait_until
+from e2e.processes import VENV_BIN, http_ok, wait_until
 from e2e.realpods import apply, condition, get_json, isvc, pods
 from e2e.stack import Stack
-from pagoda.operator.resources.scaledobject import picker_queue_query
+from pagoda.operator.resources.scaledobject import FALLBACK_FAILURES, picker_queue_query
 from pagoda.runtime.startup import folder_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -268,3 +277,141 @@ def test_a_burst_that_outlasts_the_waiting_room_gets_503s_that_say_why_and_never
         )
     finally:
         cluster.kubectl("delete", "-n", namespace, "inferenceservice", CLOSED, "--wait=false", check=False)
+
+
+# KEDA's Prometheus queries give up after 3 s (KEDA_HTTP_DEFAULT_TIMEOUT): against a hung Prometheus each poll
+# of the two triggers takes up to twice that on top of the polling interval.
+KEDA_QUERY_TIMEOUT = 3
+# KEDA falls back after more than FALLBACK_FAILURES failed polls in a row: that many polls and one, each as
+# slow as a hung Prometheus makes it, and a margin for two loaded cores.
+FALLBACK_BOUND = (FALLBACK_FAILURES + 1) * (POLLING_SECONDS + 2 * KEDA_QUERY_TIMEOUT) + 30
+# As long as KEDA would take to fall back were the service's own queries failing at zero: the idle service
+# must stay at zero through it before the hang, so the replica that comes in the hang is the hang's.
+IDLE_SECONDS = (FALLBACK_FAILURES + 1) * POLLING_SECONDS + 10
+HOLD_SECONDS = 3 * POLLING_SECONDS  # the replica held through three more polls of the hang
+# After the hang the load trigger reads the new pod's series only once its runtime has started (about a
+# minute on two cores) and Prometheus scraped it.
+RECOVERY_BOUND = 300
+
+
+@dataclass
+class Seen:
+    """One look at the service from the API server, `t` seconds after the hang began (negative before)."""
+
+    t: float
+    replicas: int | None  # the Deployment's spec.replicas
+    fallback: str | None  # the ScaledObject's condition Fallback
+    blind: dict[str, Any]  # the InferenceService's condition ScalingMetricsUnavailable
+
+    def __str__(self) -> str:
+        return (
+            f"{self.t:6.1f}s replicas={self.replicas} Fallback={self.fallback} "
+            f"ScalingMetricsUnavailable={self.blind.get('status')}/{self.blind.get('reason')}"
+        )
+
+
+def look(stack: Stack, namespace: str, since: float) -> Seen:
+    items = get_json(
+        stack.cluster,
+        "-n",
+        namespace,
+        f"deployment/{NAME}",
+        f"scaledobject/{NAME}",
+        f"inferenceservice/{NAME}",
+    )["items"]
+    by_kind = {item["kind"]: item for item in items}
+    deployment = by_kind.get("Deployment")
+    return Seen(
+        t=time.monotonic() - since,
+        replicas=None if deployment is None else int(deployment["spec"].get("replicas", 1)),
+        fallback=condition(by_kind.get("ScaledObject") or {}, "Fallback").get("status"),
+        blind=condition(by_kind.get("InferenceService") or {}, "ScalingMetricsUnavailable"),
+    )
+
+
+def test_a_service_at_zero_gets_one_replica_while_prometheus_hangs_and_goes_back_to_zero_after(
+    stack: Stack, operator: ChartOperator, namespace: str, model_image: tuple[str, int]
+) -> None:
+    """KEDA v2.21's fallback for a minReplicas-0 service: at zero no trigger is active, so Prometheus hung
+    only counts failures at first; past FALLBACK_FAILURES the fallback (currentReplicasIfHigher,
+    fallback.replicas 1) stands in as active and KEDA scales the Deployment from zero to one, and holds it
+    while the hang lasts. Once Prometheus answers (and has the new pod's series: the load trigger counts an
+    empty answer as a failure), the fallback ends, the condition with it, and the idle service goes back to
+    zero after the cooldown (30 s here)."""
+    cluster = stack.cluster
+    apply(cluster, routed_sample(namespace, model_image[0]))
+    wait_until(
+        lambda: at_zero(stack, namespace), "the service at zero replicas, Ready ScaledToZero", 300, 1.0
+    )
+    seen: list[Seen] = []
+
+    def timeline() -> str:
+        return "\n".join(str(s) for s in seen)
+
+    # Idle at zero with Prometheus answering: no fallback, no replica, for as long as KEDA would take to fall
+    # back (the replica the hang brings must be the hang's). With no pod the in-flight query answers 0, not
+    # nothing (operator/resources/scaledobject.py `_zero_without_targets`): an empty answer is a failure to
+    # KEDA (`ignoreNullValues: "false"`), and its 4th one would start a replica.
+    began = time.monotonic()
+    while time.monotonic() - began < IDLE_SECONDS:
+        now = look(stack, namespace, began + IDLE_SECONDS)
+        seen.append(now)
+        assert now.replicas == 0 and now.fallback != "True" and now.blind.get("status") != "True", timeline()
+        time.sleep(1.0)
+
+    pid = stack.monitoring.pid
+    assert pid is not None
+    hung = time.monotonic()
+    fallback_after: float | None = None  # seconds from the hang to KEDA's condition Fallback True
+    replica_after: float | None = None  # ... to the Deployment at one replica
+    blind_after: float | None = None  # ... to the InferenceService's ScalingMetricsUnavailable True
+    try:
+        with frozen(pid):
+            # KEDA falls back and scales the service from zero to one, and the InferenceService says why.
+            while fallback_after is None or replica_after is None or blind_after is None:
+                assert time.monotonic() - hung < FALLBACK_BOUND, f"no fallback to one replica:\n{timeline()}"
+                now = look(stack, namespace, hung)
+                seen.append(now)
+                assert now.replicas in (0, 1), timeline()
+                if fallback_after is None and now.fallback == "True":
+                    fallback_after = now.t
+                if replica_after is None and now.replicas == 1:
+                    replica_after = now.t
+                if blind_after is None and now.blind.get("status") == "True":
+                    blind_after = now.t
+                    assert now.blind["reason"] == "KedaFallback", now.blind
+                    assert "in-flight" in now.blind["message"], now.blind
+                time.sleep(1.0)
+            # ...and holds it while the hang lasts.
+            held = time.monotonic()
+            while time.monotonic() - held < HOLD_SECONDS:
+                now = look(stack, namespace, hung)
+                seen.append(now)
+                assert (now.replicas, now.fallback, now.blind.get("status")) == (1, "True", "True"), (
+                    timeline()
+                )
+                time.sleep(1.0)
+            hang_seconds = time.monotonic() - hung
+    finally:
+        # Later tests query Prometheus: it answers again before this test goes on or fails.
+        wait_until(lambda: http_ok(f"{stack.prometheus_url}/-/ready"), "Prometheus ready after the hang", 60)
+    resumed = time.monotonic()
+
+    # Prometheus answers: once it has the new pod's series the fallback ends, the condition with it...
+    while (now := look(stack, namespace, hung)).blind.get("status") != "False":
+        seen.append(now)
+        assert time.monotonic() - resumed < RECOVERY_BOUND, f"still no metrics after the hang:\n{timeline()}"
+        time.sleep(1.0)
+    seen.append(now)
+    assert now.blind["reason"] == "MetricsRead", now.blind
+    assert now.fallback == "False", timeline()
+    recovered_after = time.monotonic() - resumed
+    # ...and with nothing in flight the service goes back to zero after the cooldown.
+    wait_until(lambda: at_zero(stack, namespace), "back to zero replicas", COOLDOWN_SECONDS + 120, 1.0)
+    zero_after = time.monotonic() - resumed
+    print(
+        f"\nPrometheus hung {hang_seconds:.0f}s: KEDA fell back after {fallback_after:.0f}s, the Deployment "
+        f"at 1 replica after {replica_after:.0f}s, ScalingMetricsUnavailable True after {blind_after:.0f}s; "
+        f"resumed: the condition False after {recovered_after:.0f}s, back at zero after {zero_after:.0f}s\n"
+        + timeline()
+    )

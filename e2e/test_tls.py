@@ -5,7 +5,8 @@ here as cert-manager would write it.
 1. The pod is admitted and Ready from its own HTTPS probes (the kubelet reads the Secret volume as user
    65532 through fsGroup, mode 0440); plain HTTP to the pod IP gets no HTTP answer; a chat completion over
    HTTPS, verified against the Secret's ca.crt and the Service's DNS name, works through the Service's
-   ClusterIP; the operator's calls to the pod over HTTPS fill status.capacity.
+   ClusterIP; the operator's calls to the pod over HTTPS, verified against the Secret's ca.crt (a Role lets
+   it read that one Secret), fill status.capacity.
 2. The Secret is renewed in place (a new key and certificate, as cert-manager renews): the kubelet swaps the
    mounted files, and within its sync period a new connection is shown the new certificate by the same
    container (restartCount 0).
@@ -69,6 +70,27 @@ def peer_serial(address: str, trust: ssl.SSLContext) -> int:
     return x509.load_der_x509_certificate(der).serial_number
 
 
+def ca_readable(operator_namespace: str) -> list[dict[str, Any]]:
+    """What docs/install.md asks of a namespace with TLS services: let the operator `get` the one Secret,
+    whose ca.crt it verifies the pods' certificate against before it calls them (the chart grants no read of
+    Secrets)."""
+    name = "pagoda-operator-tls-ca"
+    rule = {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [SECRET], "verbs": ["get"]}
+    subject = {"kind": "ServiceAccount", "name": "pagoda", "namespace": operator_namespace}
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name}
+    meta = {"name": name, "namespace": NAMESPACE}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": [rule]},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": role_ref,
+            "subjects": [subject],
+        },
+    ]
+
+
 @pytest.fixture(scope="module")
 def certificates(tmp_path_factory: pytest.TempPathFactory) -> tuple[TlsDir, TlsDir]:
     root = tmp_path_factory.mktemp("tls")
@@ -80,6 +102,8 @@ def serving(cluster: Cluster, operator: ChartOperator, certificates: tuple[TlsDi
     cluster.kubectl("create", "namespace", NAMESPACE)
     cluster.kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
     apply(cluster, secret(certificates[0]))
+    for obj in ca_readable(operator.namespace):
+        apply(cluster, obj)
     sample = tiny_sample(NAMESPACE, real_pods=True)
     sample["spec"]["replicas"] = 1
     sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900  # engines start slowly on two shared cores

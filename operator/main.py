@@ -22,13 +22,18 @@ from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL
 from pagoda.operator.api.network import NAMESPACE_PATTERN
 from pagoda.operator.handlers import MANAGED_BY_SELECTOR, WATCHED_KINDS, build_registry
-from pagoda.operator.reconcile.adapters import AdapterSync
+from pagoda.operator.reconcile.adapters import AdapterSync, PodTrust
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.capacity import CapacityReader
-from pagoda.operator.reconcile.core import reconcile
+from pagoda.operator.reconcile.core import Outcome, reconcile
 from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.leader import LeaderElector
-from pagoda.operator.reconcile.management import KeyUnavailable, load_signer, parse_namespaced_name
+from pagoda.operator.reconcile.management import (
+    KUBELET_SYNC_SECONDS,
+    KeyUnavailable,
+    load_keys,
+    parse_namespaced_name,
+)
 from pagoda.operator.reconcile.nodes import NODE_KIND
 from pagoda.operator.reconcile.workqueue import WorkQueue, work
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
@@ -67,6 +72,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "(made there when missing); default: a key of this process only, new at each start",
     )
     parser.add_argument(
+        "--management-key-overlap-seconds",
+        type=float,
+        default=None,
+        help="during a rotation of the management key, how long the new public key is published beside the "
+        "old before the operator signs with it: long enough for every service's ConfigMap to be rewritten "
+        f"and every pod's volume to follow; default: --resync-seconds + {KUBELET_SYNC_SECONDS:.0f}",
+    )
+    parser.add_argument(
         "--leader-elect",
         metavar="NAMESPACE/NAME",
         help="run as one of several replicas: only the holder of this Lease reconciles, the others wait to "
@@ -84,6 +97,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="NAMESPACE",
         help="a namespace every InferenceService's NetworkPolicy admits (repeat it): the operator's own, for "
         "its calls to the pods, and Prometheus's (resources/networkpolicy.py)",
+    )
+    parser.add_argument(
+        "--picker-cluster-role",
+        metavar="NAME",
+        help="the ClusterRole (rules: resources/routing.py PICKER_CLUSTER_RULES) that spec.routing's "
+        "endpoint pickers are bound to in their namespace, which the operator may `bind`; default: each "
+        "picker gets a Role of its own, which the operator may grant only if it holds its rules",
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
@@ -103,6 +123,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if not re.fullmatch(NAMESPACE_PATTERN, namespace) or len(namespace) > 63:
             parser.error(f"--allow-from-namespace: {namespace!r} is not a namespace name (a DNS label)")
     args.allow_from_namespace = tuple(args.allow_from_namespace)
+    role = args.picker_cluster_role
+    if role is not None and (not role or len(role) > 253 or any(c in role for c in "/% \t\n")):
+        parser.error(f"--picker-cluster-role: {role!r} is not a ClusterRole name")
     if not 0 < args.metrics_port < 65536:
         parser.error(f"--metrics-port: {args.metrics_port} is not a TCP port (1-65535)")
     if args.workers < 1:
@@ -200,14 +223,17 @@ async def lead(elector: LeaderElector) -> None:
 async def keep_leading(elector: LeaderElector) -> None:
     """Renews the Lease every retry period. When a renewal has not succeeded for the renew deadline (the
     API server unreachable, or another replica took the Lease) the process exits at once: a reconcile
-    worker thread cannot be stopped, and another replica may take over once the lease duration passes."""
+    worker thread cannot be stopped, and another replica may take over once the lease duration passes.
+    The exit needs this loop to run; the fence does not: every pass and write checks
+    `elector.holds_lease` itself (reconcile/kube.py), so a stalled loop or a paused process that resumes
+    writes nothing before it exits."""
     timing = elector.timing
     while True:
         await asyncio.sleep(timing.retry_period)
         renewed_at = elector.renewed_at or 0.0
         attempt = asyncio.ensure_future(asyncio.to_thread(elector.try_acquire_or_renew))
         await asyncio.wait({attempt}, timeout=max(0.0, renewed_at + timing.renew_deadline - time.monotonic()))
-        if not elector.is_leader:
+        if not elector.holds_lease():
             metrics.LEADER.set(0)
             log.error(
                 "Lost lease=%s/%s identity=%s: exiting", elector.namespace, elector.name, elector.identity
@@ -223,7 +249,8 @@ async def run(args: argparse.Namespace) -> None:
     if args.leader_elect is not None:
         identity = f"{args.leader_identity}_{uuid.uuid4().hex[:8]}"
         lease_namespace, lease_name = args.leader_elect
-        elector = LeaderElector(kube, lease_namespace, lease_name, identity)
+        elector = LeaderElector(Kube(api), lease_namespace, lease_name, identity)  # renews unfenced
+        kube = Kube(api, fence=elector.holds_lease)  # every other write: only while the Lease is held
     tasks: list[asyncio.Task[None]] = []
     operator_task: asyncio.Task[None] | None = None
     executor: ThreadPoolExecutor | None = None
@@ -264,18 +291,28 @@ async def reconcile_all(
     for item in await asyncio.to_thread(refresh, kube, cache, args.namespace):
         queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))  # type: ignore[index]
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
-    capacity = CapacityReader() if args.read_capacity else None
-    signer = await asyncio.to_thread(load_signer, kube, args.management_key_secret)
-    job = functools.partial(
+    trust = PodTrust(kube, cache.owner)  # the CA each TLS service's pods are verified against
+    capacity = CapacityReader(trust=trust) if args.read_capacity else None
+    overlap = args.management_key_overlap_seconds
+    if overlap is None:
+        overlap = args.resync_seconds + KUBELET_SYNC_SECONDS
+    keys = await asyncio.to_thread(load_keys, kube, args.management_key_secret, overlap)
+    reconcile_one = functools.partial(
         reconcile,
         kube,
         cache=cache,
         default_image=args.runtime_image,
         capacity=capacity,
-        adapters=AdapterSync(signer),
-        management_key=signer.public_pem,
+        adapters=AdapterSync(keys, trust=trust),
         trusted_namespaces=args.allow_from_namespace,
+        picker_cluster_role=args.picker_cluster_role,
     )
+
+    def job(namespace: str, name: str) -> Outcome:
+        """One pass, with the management keys as the Secret has them now (a rotation's steps: KeyRing)."""
+        keys.refresh()
+        return reconcile_one(namespace, name, management_key=keys.public_pem)
+
     metrics.LEADER.set(1)
     tasks += [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]
     watch_nodes = cache.nodes_known()  # the first list of Nodes was allowed

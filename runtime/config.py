@@ -60,8 +60,9 @@ class ServeConfig(BaseModel):
     lora: tuple[str, ...] = ()  # NAME=SOURCE, loaded at start (validated after the limits)
     drain_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)
     max_connection_age: float = Field(default=30.0, ge=0.0, le=86_400.0)  # 0: never
-    max_request_body_bytes: int = Field(default=16 * 1024**2, gt=0)
-    stall_timeout: float = Field(default=30.0, ge=0.0, le=3600.0)  # 0: never
+    max_request_body_bytes: int = Field(default=contract.MAX_REQUEST_BODY_BYTES, gt=0)
+    # 0: never; None: from the engine's step budget once it is loaded (progress.default_stall_timeout)
+    stall_timeout: float | None = Field(default=None, ge=0.0, le=3600.0)
     cache_dir: str = contract.CACHE_DIR
     cache_max_bytes: int | None = Field(default=None, gt=0)  # evict unused models past it (modelcache.py)
     management_public_key_file: str | None = Field(default=None, min_length=1)
@@ -139,7 +140,7 @@ class ServeConfig(BaseModel):
         """A key that cannot be read would refuse every management call: refused at start instead."""
         if value is not None:
             try:
-                management.Verifier(value).public_key()
+                management.read_public_key(value)
             except management.Unauthorized as exc:
                 raise ValueError(str(exc)) from None
         return value
@@ -192,7 +193,8 @@ class ServeConfig(BaseModel):
 
     @property
     def name(self) -> str:
-        """The model name clients use: --served-model-name, else the last part of the model URI."""
+        """The model name clients use: --served-model-name, else the one derived from the model URI
+        (contract.default_served_name: hf://org/name serves org/name, file:///models/tiny tiny)."""
         return self.served_model_name or parse_model_uri(self.model).default_name
 
 
@@ -205,7 +207,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     """Flags are parsed as strings here, without defaults (a flag not given is left to ServeConfig's
     default); pydantic does every type and range check."""
     parser.add_argument("--model", required=True, help="model URI: file://, pvc://, hf:// or s3://")
-    parser.add_argument("--served-model-name", help="name clients use (default: last part of the URI)")
+    parser.add_argument(
+        "--served-model-name", help="name clients use (default: from the URI: file:///models/tiny is tiny)"
+    )
     parser.add_argument("--revision", help="hub revision (branch, tag or commit) for hf:// models")
     parser.add_argument("--host", help=_default("host"))
     parser.add_argument("--port", help=_default("port"))
@@ -258,9 +262,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stall-timeout",
-        help="seconds the engine may have requests and produce no token before the runtime calls it stalled "
-        "(/livez and /readyz 503) and exits 1, so that the kubelet restarts it; an engine step takes well "
-        f"under a second, a hung EngineCore for ever; 0: never ({_default('stall_timeout')})",
+        help="seconds the engine may hold requests and complete no step (a decode step, or one chunk of a "
+        "prefill) before the runtime calls it stalled (/livez and /readyz 503) and exits 1, so that the "
+        "kubelet restarts it; a hung EngineCore never completes one; 0: never (default: the longest a step "
+        "may take at a slow CPU's 50 prompt tokens/s: max(30, max-num-batched-tokens * (1 + max-model-len "
+        "/ 32768) / 50) seconds: 44 with vLLM's CPU step budget, 2048 tokens, and a 2048-token context)",
     )
     parser.add_argument("--cache-dir", help=f"where hf:// and s3:// models go ({_default('cache_dir')})")
     parser.add_argument(

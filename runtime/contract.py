@@ -25,11 +25,66 @@ OCI_REFERENCE_PATTERN = (
     r"(:[A-Za-z0-9_][-.A-Za-z0-9_]{0,127})?(@sha256:[a-f0-9]{64})?"
 )
 
+# The name a model is served under when none is given (spec.model.servedName, --served-model-name), from its
+# URI alone: an hf:// model its repository id (hf://org/name serves `org/name`, hf://gpt2 `gpt2`); an oci://
+# model the last part of IMAGE_MODEL_DIR, where the image is mounted (`model-image`); a file://, pvc:// or s3://
+# model the last part of its path that is neither empty nor `.` (file:///models/tiny/ serves `tiny`,
+# pvc://claim `claim`). default_served_name is the rule in Python (the runtime, the operator's models),
+# default_served_name_cel the same rule in CEL (the CRD's admission); tests/unit/test_served_name.py holds
+# the two spellings to each other and to the runtime.
+IMAGE_MODEL_NAME = IMAGE_MODEL_DIR.rsplit("/", 1)[-1]
+_HF_SCHEME = "hf://"
+_OCI_SCHEME = "oci://"
+_SCHEME_END = "://"
+
+
+def default_served_name(uri: str) -> str:
+    """The name the runtime serves the model of `uri` under when it is given none (string only: nothing is
+    read). A bare path is a file:// one; the last part of a path is what pathlib's Path.name reads."""
+    _, sep, rest = uri.partition(_SCHEME_END)
+    if not sep:
+        rest = uri
+    elif uri.startswith(_OCI_SCHEME):
+        return IMAGE_MODEL_NAME
+    elif uri.startswith(_HF_SCHEME):
+        return rest.strip("/")
+    parts = [part for part in rest.split("/") if part not in ("", ".")]
+    return parts[-1] if parts else rest
+
+
+def default_served_name_cel(uri: str) -> str:
+    """default_served_name in CEL, `uri` being the CEL expression of the URI (always with a scheme, as the
+    CRD's pattern has it; an hf:// one with at most one trailing '/'). Uses the Kubernetes CEL strings
+    library (split, substring, indexOf), which the API server has in every version the CRD supports."""
+    # The URI's parts, less the empty ones and `.`: the first is the scheme's ('file:'), the path's follow.
+    parts = f"{uri}.split('/').filter(p, p != '' && p != '.')"
+    rest = f"{uri}.substring({uri}.indexOf('{_SCHEME_END}') + {len(_SCHEME_END)})"
+    hf_end = f"size({uri}) - ({uri}.endsWith('/') ? 1 : 0)"
+    return (
+        f"({uri}.startsWith('{_OCI_SCHEME}') ? '{IMAGE_MODEL_NAME}'"
+        f" : {uri}.startsWith('{_HF_SCHEME}') ? {uri}.substring({len(_HF_SCHEME)}, {hf_end})"
+        f" : size({parts}) > 1 ? {parts}[size({parts}) - 1] : {rest})"
+    )
+
+
 # Why a runtime could not start: it writes a short reason to the file this variable names (the container's
 # terminationMessagePath); the kubelet keeps it in lastState.terminated.message, the operator puts it in the
 # Degraded condition.
 TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 TERMINATION_MESSAGE_ENV = "PAGODA_TERMINATION_MESSAGE_PATH"
+
+# The inference API: the routes of vLLM's app the runtime forwards (runtime/routes.py), each with its methods;
+# every other path of vLLM's app answers 404. With spec.runtime.apiKeySecret each needs the key.
+INFERENCE_API = {
+    "/v1/chat/completions": ("POST",),
+    "/v1/completions": ("POST",),
+    "/v1/embeddings": ("POST",),
+    "/v1/models": ("GET",),
+}
+# The runtime's default request body limit (`--max-request-body-bytes`; spec.runtime.maxRequestBodyBytes
+# when unset): a chat request with 128k tokens of English context is about 0.5 MB, and 16 MiB leaves room
+# for a few inline base64 images.
+MAX_REQUEST_BODY_BYTES = 16 * 1024**2
 
 # The runtime's management API, which the operator calls on each Ready pod.
 ADAPTERS_PATH = "/v1/pagoda/adapters"  # GET the loaded adapters; PUT/DELETE /{name}
@@ -88,3 +143,14 @@ else:
     Quantization = Literal[QUANTIZATIONS]
     BlockSize = Literal[BLOCK_SIZES]
     LoraRank = Literal[LORA_RANKS]
+
+# The management API's signatures (runtime/management.py): the Authorization scheme, the version of the signed
+# string (a new one whenever what is signed changes: operator and runtime are then upgraded together,
+# docs/install.md), the clock skew a signature may have, and the downward-API variables that tell a runtime
+# which pod it is, so that a call signed for one pod is refused by every other (operator/resources/pod.py
+# sets them on a pod that mounts the operator's public key).
+MANAGEMENT_AUTH_SCHEME = "Pagoda-Ed25519"
+MANAGEMENT_SIGNATURE_VERSION = 2
+MANAGEMENT_MAX_SKEW_SECONDS = 60
+POD_UID_ENV = "POD_UID"  # metadata.uid
+POD_IP_ENV = "POD_IP"  # status.podIP

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from pagoda.runtime import vllmflags
 from pagoda.runtime.adapters import adapter_engine_class
 from pagoda.runtime.config import ServeConfig
+from pagoda.runtime.progress import EngineSteps
 
 log = logging.getLogger("pagoda.runtime.engine")
 T = TypeVar("T")
@@ -32,16 +33,32 @@ def cpu_kv_cache_default_gib(total_bytes: int) -> int:
     return max(1, min(16, total_bytes // (8 * 1024**3)))
 
 
+# On vLLM's CPU backend, torch.compile'd functions run eagerly unless the pod's environment says otherwise.
+# vLLM compiles some sampler helpers with inductor the first time a request needs them (logprobs counts the
+# tokens ranked above the chosen one with one): on a CPU, inductor generates C++ and runs a compiler inside
+# the engine's step. The CPU image has no compiler, so one `logprobs` request killed the EngineCore; with one,
+# the step stopped 40 s on two cores (measured), past the stall watchdog's 30 s, for every request in flight.
+# Eager runs the same PyTorch operations without the wait (docs/runtime.md, "torch.compile on CPU").
+DYNAMO_DISABLE_ENV = "TORCHDYNAMO_DISABLE"
+
+
 def apply_env_defaults() -> None:
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     from vllm.platforms import current_platform
 
-    if current_platform.is_cpu() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
+    if not current_platform.is_cpu():
+        return
+    if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
         import psutil  # type: ignore[import-untyped,unused-ignore]
 
         gib = cpu_kv_cache_default_gib(psutil.virtual_memory().total)
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(gib)
         log.info("Set CPU KV-cache size default VLLM_CPU_KVCACHE_SPACE=%d", gib)
+    if DYNAMO_DISABLE_ENV not in os.environ:
+        # torch reads it at each torch.compile'd call (torch._dynamo.config), in this process and the
+        # EngineCore it starts.
+        os.environ[DYNAMO_DISABLE_ENV] = "1"
+        log.info("Set CPU default %s=1: torch.compile'd functions run eagerly", DYNAMO_DISABLE_ENV)
 
 
 def cpu_kv_cache_space() -> str | None:
@@ -139,8 +156,10 @@ def run_in_daemon_thread(fn: Callable[[], T], name: str) -> asyncio.Future[T]:
     return future
 
 
-def create_engine(args: argparse.Namespace) -> Any:
-    """Blocking: builds the engine config and starts EngineCore (what vLLM's build function does)."""
+def create_engine(args: argparse.Namespace, steps: EngineSteps | None = None) -> Any:
+    """Blocking: builds the engine config and starts EngineCore (what vLLM's build function does). `steps`
+    counts the engine's steps (progress.py): a stat logger beside vLLM's own, which also keeps EngineCore
+    reporting its statistics after every step when --disable-log-stats is given."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import propagate_flash_late_interaction
     from vllm.usage.usage_lib import UsageContext
@@ -157,7 +176,27 @@ def create_engine(args: argparse.Namespace) -> Any:
         enable_log_requests=engine_args.enable_log_requests,
         aggregate_engine_logging=engine_args.aggregate_engine_logging,
         disable_log_stats=engine_args.disable_log_stats,
+        stat_loggers=[step_logger(steps)] if steps is not None else None,
     )
+
+
+def step_logger(steps: EngineSteps) -> Any:
+    """A vLLM stat logger factory (one logger per engine) that counts each step's statistics into `steps`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class StepLogger(StatLoggerBase):  # type: ignore[misc,unused-ignore]
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            self.engine_index = engine_index
+
+        def record(
+            self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        ) -> None:
+            steps.record(scheduler_stats)
+
+        def log_engine_initialized(self) -> None:
+            return
+
+    return StepLogger
 
 
 async def build_vllm_app(engine: Any, args: argparse.Namespace, server: Any, stack: AsyncExitStack) -> Any:

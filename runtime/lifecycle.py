@@ -7,7 +7,9 @@ to start also writes a termination message (termination.py) naming its reason an
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import os
 import signal
 import socket
 import time
@@ -18,13 +20,13 @@ from typing import Any
 import psutil  # type: ignore[import-untyped,unused-ignore]
 import uvicorn
 
-from pagoda.runtime import capacity, enginefailure, metrics, signals, sources, termination
+from pagoda.runtime import capacity, enginefailure, management, metrics, routes, signals, sources, termination
 from pagoda.runtime import engine as eng
 from pagoda.runtime.adapters import AdapterManager, management_app
 from pagoda.runtime.config import ServeConfig
 from pagoda.runtime.lora import parse_lora_flag
 from pagoda.runtime.modelcache import ModelCache
-from pagoda.runtime.progress import ProgressWatch
+from pagoda.runtime.progress import EngineSteps, ProgressWatch, default_stall_timeout
 from pagoda.runtime.server import PagodaApp, RuntimeState
 from pagoda.runtime.startup import StartupClock, folder_bytes
 from pagoda.runtime.tls import CertificateReloader
@@ -111,6 +113,8 @@ class Runtime:
             max_connection_age=config.max_connection_age,
             max_request_body_bytes=config.max_request_body_bytes,
             management_key=config.management_public_key_file,
+            identity=management.PodIdentity.from_env(os.environ, config.host, config.port),
+            api_key=os.environ.get("PAGODA_API_KEY") or None,  # vLLM's --api-key too (engine.py)
         )
         self.stop = asyncio.Event()
         self.exit_code = 0
@@ -122,6 +126,7 @@ class Runtime:
         # tearing the interpreter down under it can crash the process (SIGSEGV, exit 139) after a clean
         # stop; cli.py then leaves without that teardown.
         self.abandoned_load = False
+        self.engine_steps = EngineSteps()  # counted by a stat logger in the engine (progress.py)
 
     def request_stop(self, reason: str, exit_code: int = 0) -> None:
         if not self.stop.is_set():
@@ -165,6 +170,8 @@ class Runtime:
             self.config.port,
             str(self.certificate is not None).lower(),
         )
+        if self.state.verifier is not None:  # what a management call must be signed for (management.py)
+            log.info("Management API binds calls to %s", self.state.verifier.identity.describe())
         async with AsyncExitStack() as stack:
             await self._load_and_serve(server, stack)
             await self._drain()
@@ -186,7 +193,7 @@ class Runtime:
         args, config = self.vllm_args, self.config
         report = enginefailure.prepare_report()  # before any engine process starts
 
-        clock, cache = self.clock, self.model_cache
+        clock, cache, steps = self.clock, self.model_cache, self.engine_steps
 
         def load() -> Any:
             fetched = cache.fetch(source, config.revision)
@@ -197,7 +204,7 @@ class Runtime:
             clock.begin("engineSetup")
             clock.expect_vllm_timings()
             try:
-                return eng.create_engine(args)
+                return eng.create_engine(args, steps)
             finally:
                 clock.read_vllm_timings()
 
@@ -243,6 +250,8 @@ class Runtime:
             f"{kv.max_concurrency:.2f}" if kv else "unknown",
             clock.summary(),
         )
+        # What of vLLM's app the gate keeps out (routes.py), as JSON: tier 3 calls each of them.
+        log.info("Gated vLLM's routes not_forwarded=%s", json.dumps(routes.not_forwarded(app)))
         watchdog = asyncio.create_task(self._watch_engine())
         await self.stop.wait()
         watchdog.cancel()
@@ -255,11 +264,22 @@ class Runtime:
         self.state.management = management_app(manager)
         await manager.load_at_start([parse_lora_flag(flag) for flag in self.config.lora])
 
+    def stall_timeout(self) -> float:
+        """--stall-timeout, else the default for the loaded engine's step budget and context (progress.py)."""
+        if self.config.stall_timeout is not None:
+            return self.config.stall_timeout
+        vllm_config = self.state.engine.vllm_config
+        return default_stall_timeout(
+            vllm_config.scheduler_config.max_num_batched_tokens, vllm_config.model_config.max_model_len
+        )
+
     async def _watch_engine(self) -> None:
-        """Every second: an engine that errored, or that has requests and made no progress for
+        """Every second: an engine that errored, or that holds requests and completed no step for
         --stall-timeout seconds (progress.py), ends the process with 1, so that the kubelet restarts it."""
         state = self.state
-        watch = ProgressWatch(self.config.stall_timeout)
+        timeout = self.stall_timeout()
+        log.info("Watching engine progress stall_timeout=%.0f", timeout)
+        watch = ProgressWatch(timeout)
         while not self.stop.is_set():
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             if state.engine_dead:
@@ -268,20 +288,22 @@ class Runtime:
                 continue
             families = list(state.engine_registry.collect()) if state.engine_registry is not None else []
             gauges = metrics.engine_gauges(families, self.config.name)
-            busy = gauges.waiting + gauges.running > 0 or state.awaiting_engine > 0
-            idle = watch.observe(time.monotonic(), busy, metrics.engine_tokens(families, self.config.name))
+            held = int(state.engine.get_num_unfinished_requests())
+            busy = held > 0 or gauges.waiting + gauges.running > 0
+            idle = watch.observe(time.monotonic(), busy, self.engine_steps.count)
             state.status.stalled_seconds = idle
             if watch.stalled(idle):
                 state.engine_stalled = True
                 log.error(
-                    "Engine stalled model=%s seconds=%.0f waiting=%d running=%d awaiting=%d; exiting",
+                    "Engine stalled model=%s seconds=%.0f held=%d waiting=%d running=%d steps=%d; exiting",
                     self.config.model,
                     idle,
+                    held,
                     gauges.waiting,
                     gauges.running,
-                    state.awaiting_engine,
+                    self.engine_steps.count,
                 )
-                termination.write(termination.engine_stalled(idle, self.config.stall_timeout))
+                termination.write(termination.engine_stalled(idle, timeout))
                 self.request_stop("engine stalled", exit_code=1)
 
     async def _drain(self) -> None:

@@ -28,8 +28,6 @@ from pagoda.runtime.startup import PHASES, StartupClock
 WAITING = ("vllm:num_requests_waiting",)
 RUNNING = ("vllm:num_requests_running",)
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-# Counters of the tokens the engine has processed: its progress (progress.py).
-TOKENS = ("vllm:prompt_tokens", "vllm:generation_tokens")
 
 
 @dataclass
@@ -79,19 +77,6 @@ def engine_gauges(families: Sequence[Metric], model_name: str) -> EngineGauges:
     )
 
 
-def engine_tokens(families: Sequence[Metric], model_name: str) -> float:
-    """Prompt and generated tokens the engine has counted since start (every engine step adds to them)."""
-    total = 0.0
-    for family in families:
-        if family.name in TOKENS:
-            total += sum(
-                s.value
-                for s in family.samples
-                if s.name == f"{family.name}_total" and s.labels.get("model_name", model_name) == model_name
-            )
-    return total
-
-
 def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
     labels = ["model_name"]
     value = [status.model_name]
@@ -116,7 +101,7 @@ def pagoda_families(status: ServerStatus, gauges: EngineGauges) -> list[Metric]:
         gauge("pagoda_draining", "1 after SIGTERM, while requests drain.", float(status.draining)),
         gauge(
             "pagoda_engine_stalled_seconds",
-            "Seconds the engine has had requests and produced no token (0 while it makes progress).",
+            "Seconds the engine has held requests and completed no step (0 while it makes progress).",
             status.stalled_seconds,
         ),
         gauge(

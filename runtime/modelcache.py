@@ -11,6 +11,12 @@ kernel's, so they hold between containers on one node and go away with a process
 Each model has a record `<root>/.pagoda/models/<key>.json` (URI, revision, folder, bytes, last use). With a
 bound (`--cache-max-bytes`), the least recently used models that nobody serves are deleted until the cache
 fits; what is in use stays, with a warning, even past the bound.
+
+A model found in the folder is not taken on trust: its folder is per store (an s3:// model's endpoint, an
+hf:// model's hub), not only per name, and each file is kept only when its bytes still hash to what was
+downloaded: for s3://, to the manifest written with it (sources._S3Manifest); for hf://, to the hash the
+hub's cache names its blob by (sources.hf_damaged). A file that differs is downloaded again, and the fetch
+is no hit.
 """
 
 from __future__ import annotations
@@ -39,31 +45,38 @@ STATE_DIR = ".pagoda"
 
 def model_folder(source: ModelSource, root: Path) -> Path:
     """The folder a downloaded model occupies in the cache, as sources.fetch lays it out (for hf://, the
-    hub's repository folder with every revision)."""
+    hub's repository folder with every revision, one per hub; for s3://, one per store, bucket and prefix):
+    the lock and the record are per folder, so two hubs' or stores' copies of one name are two models."""
     if source.scheme == "s3":
-        return root / "s3" / source.location / source.key
+        return sources.s3_folder(source, root)
     if source.scheme == "hf":
-        return root / "hf" / ("models--" + source.location.replace("/", "--"))
+        return sources.hf_folder(source, root)
     raise ValueError(f"{source.uri}: only hf:// and s3:// models are downloaded into the cache")
 
 
 def stored_bytes(path: Path) -> int:
     """Bytes of the regular files under `path`, links not followed (the hub's snapshots link to its blobs,
     which are counted once)."""
-    total = 0
+    return sum(size for _, _, size in _files(path).values())
+
+
+def _files(path: Path) -> dict[str, tuple[int, int, int]]:
+    """Each regular file under `path`: (inode, mtime, size). The clients write a file under a temporary name
+    and rename it, so a file downloaded again, even with the same size, is a new inode."""
+    found: dict[str, tuple[int, int, int]] = {}
     for folder, _, files in os.walk(path):
         for name in files:
             with contextlib.suppress(OSError):
                 info = os.lstat(os.path.join(folder, name))
                 if not os.path.islink(os.path.join(folder, name)):
-                    total += info.st_size
-    return total
+                    found[os.path.join(folder, name)] = (info.st_ino, info.st_mtime_ns, info.st_size)
+    return found
 
 
 @dataclass(frozen=True)
 class Fetched:
     path: Path  # the model folder to load
-    bytes_moved: int  # what this fetch added to the cache: 0 on a hit
+    bytes_moved: int  # what this fetch wrote into the cache: 0 on a hit
 
 
 class ModelCache:
@@ -110,11 +123,14 @@ class ModelCache:
             except BlockingIOError:
                 log.info("Waiting for another runtime's download uri=%s cache=%s", source.uri, self.root)
                 fcntl.flock(fetching, fcntl.LOCK_EX)
-            before = stored_bytes(folder)
+            before = _files(folder)
             path = (download or (lambda: sources.fetch(source, str(self.root), revision)))()
-            after = stored_bytes(folder)
+            files = _files(folder)
+            after = sum(size for _, _, size in files.values())
             self._write_record(key, source, revision, folder, after)
-        moved = max(0, after - before)
+        # A file written again counts, even where it replaced one of the same size (a damaged copy): a hit
+        # is a fetch that wrote nothing.
+        moved = sum(ident[2] for name, ident in files.items() if before.get(name) != ident)
         log.info(
             "Cached model uri=%s cache=%s hit=%s bytes=%d moved=%d",
             source.uri,
@@ -180,7 +196,10 @@ class ModelCache:
             with self._unused(key) as unused:
                 if not unused:
                     continue
-                shutil.rmtree(self.root / str(record["folder"]), ignore_errors=True)
+                folder = self.root / str(record["folder"])
+                shutil.rmtree(folder, ignore_errors=True)
+                if str(record["folder"]).startswith("s3/"):
+                    sources.manifest_path(self.root, folder).unlink(missing_ok=True)
                 (self._records / f"{key}.json").unlink(missing_ok=True)
             freed += int(record["bytes"])
             log.info("Evicted model uri=%s bytes=%d", record["uri"], int(record["bytes"]))

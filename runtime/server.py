@@ -1,7 +1,10 @@
 """The outer ASGI app: Pagoda's probes, metrics and capacity, and a gate in front of vLLM's own app.
 
-The HTTP server starts before the engine. Until the engine is ready every other path answers 503 with
-Retry-After; after that requests go to vLLM's FastAPI app (its OpenAI routes, unchanged).
+The HTTP server starts before the engine. Of vLLM's routes only the OpenAI API Pagoda documents is forwarded
+(routes.FORWARDED, exact paths); every other path answers 404, and websocket connections are closed. With
+an API key (PAGODA_API_KEY) a forwarded request without `Authorization: Bearer <key>` gets 401 here, before
+vLLM's app (which checks it again); the probes, /metrics and the capacity read never need it. Until the
+engine is ready a forwarded request answers 503 with Retry-After; after that it goes to vLLM's FastAPI app.
 
 A kept-alive client connection older than --max-connection-age is closed after its next response
 (`Connection: close`): kube-proxy balances connections, not requests, so without this a client that keeps
@@ -28,7 +31,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from pagoda.runtime import capacity, contract, management, metrics
+from pagoda.runtime import capacity, contract, management, metrics, routes
 from pagoda.runtime.adapters import AdapterManager
 from pagoda.runtime.apierrors import openai_error
 
@@ -76,11 +79,6 @@ class ConnectionAges:
         self.first_seen = {k: t for k, t in self.first_seen.items() if t >= horizon}
 
 
-# Requests the engine answers: one waiting for its response to begin while the engine makes no progress is
-# a sign of a stall (progress.py). Not the adapters API, whose downloads take long without any token.
-INFERENCE_PATHS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/embeddings"})
-
-
 class RuntimeState:
     """Shared between the ASGI app, the lifecycle and the metrics collector."""
 
@@ -91,6 +89,8 @@ class RuntimeState:
         max_connection_age: float = 0.0,
         max_request_body_bytes: int | None = None,  # None: no limit
         management_key: str | None = None,  # the operator's public key file; None: no management API
+        identity: management.PodIdentity | None = None,  # which pod this is; None: none known (refuse all)
+        api_key: str | None = None,  # PAGODA_API_KEY: every forwarded request must carry it; None: open
     ) -> None:
         self.status = metrics.ServerStatus(model_name=model_name)
         self.adapters = adapters
@@ -98,11 +98,12 @@ class RuntimeState:
             self.status.adapters = adapters.tracker
         self.inner: ASGIApp | None = None
         self.management: ASGIApp | None = None  # the adapters API, once the engine is loaded
-        self.verifier = management.Verifier(management_key) if management_key else None
+        identity = identity or management.PodIdentity("", frozenset())
+        self.verifier = management.Verifier(management_key, identity) if management_key else None
+        self.api_key = routes.ApiKey(api_key) if api_key else None
         self.engine: Any = None  # vllm EngineClient once built
         self.engine_registry: Any = None
         self.in_flight = 0
-        self.awaiting_engine = 0  # inference requests whose response has not begun (progress.py)
         self.engine_stalled = False  # set by the lifecycle's progress watch; the runtime then exits
         self.last_request = 0.0  # monotonic: when the last request to vLLM's app started or ended
         self.drain_deadline: float | None = None  # monotonic; set with status.draining
@@ -160,7 +161,9 @@ class PagodaApp:
             if path == contract.ADAPTERS_PATH or path.startswith(contract.ADAPTERS_PATH + "/"):
                 await self._management(scope, receive, send)
                 return
-        await self._forward(scope, receive, send)
+            await self._gate(scope, receive, send)
+        elif kind == "websocket":  # no route Pagoda serves is one: refused before the handshake (403)
+            await send({"type": "websocket.close", "code": 1008})
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -253,6 +256,27 @@ class PagodaApp:
 
         await self._forward(scope, replay, send, management=True)
 
+    async def _gate(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """vLLM's app sees only the allow-listed paths (routes.py), with a key only requests carrying it."""
+        if not routes.forwarded(scope):
+            body = openai_error(routes.not_found_message(scope), 404, "NotFound")
+            await _send_json(send, 404, body, [])
+            return
+        key = self.state.api_key
+        if key is not None and not key.accepts(scope.get("headers") or []):
+            message = "Unauthorized: this server requires `Authorization: Bearer <key>` (its API key)."
+            challenge = [(b"www-authenticate", b"Bearer")]
+            await _send_json(send, 401, openai_error(message, 401, "Unauthorized"), challenge)
+            return
+        methods = routes.allowed_methods(scope["path"])
+        if scope.get("method") not in methods:
+            allow = ", ".join(sorted(methods))
+            message = f"{scope.get('method')} is not allowed on {scope['path']}: use {allow}."
+            body = openai_error(message, 405, "MethodNotAllowed")
+            await _send_json(send, 405, body, [(b"allow", allow.encode())])
+            return
+        await self._forward(scope, receive, send)
+
     async def _forward(self, scope: Scope, receive: Receive, send: Send, management: bool = False) -> None:
         """To vLLM's app, or to the management API's."""
         state = self.state
@@ -280,9 +304,6 @@ class PagodaApp:
                 return
             body_limit = BodyLimit(limit, receive, send)
             receive, send = body_limit.receive, body_limit.send
-        awaiting = _Awaiting(state, send) if _is_inference(scope) else None
-        if awaiting is not None:
-            send = awaiting.send
         state.in_flight += 1
         state.last_request = time.monotonic()
         try:
@@ -294,30 +315,6 @@ class PagodaApp:
         finally:
             state.in_flight -= 1
             state.last_request = time.monotonic()
-            if awaiting is not None:
-                awaiting.done()
-
-
-def _is_inference(scope: Scope) -> bool:
-    return scope["type"] == "http" and scope.get("method") == "POST" and scope.get("path") in INFERENCE_PATHS
-
-
-class _Awaiting:
-    """Counts an inference request in state.awaiting_engine until its response begins (progress.py)."""
-
-    def __init__(self, state: RuntimeState, send: Send) -> None:
-        self.state, self._send, self.counted = state, send, True
-        state.awaiting_engine += 1
-
-    async def send(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            self.done()
-        await self._send(message)
-
-    def done(self) -> None:
-        if self.counted:
-            self.counted = False
-            self.state.awaiting_engine -= 1
 
 
 async def _read_body(receive: Receive, limit: int) -> bytes | None:

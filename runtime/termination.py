@@ -110,8 +110,8 @@ def model_source(reason: str, message: str) -> Fatal:
 def engine_stalled(seconds: float, timeout: float) -> Fatal:
     return Fatal(
         "EngineStalled",
-        f"the vLLM engine had requests and produced no token for {seconds:.0f}s (the limit is "
-        f"{timeout:.0f}s); the container restarts; if the engine's steps can take that long, raise "
+        f"the vLLM engine had requests and completed no step for {seconds:.0f}s (the limit is "
+        f"{timeout:.0f}s); the container restarts; if one engine step can take that long, raise "
         "spec.runtime.stallTimeoutSeconds",
     )
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pagoda.runtime.contract import IMAGE_MODEL_DIR, MODELS_DIR
+from pagoda.runtime.contract import IMAGE_MODEL_DIR, IMAGE_MODEL_NAME, MODELS_DIR
 
 from .base import ApiModel, ObjectName, Quantity
 from .rules import (
@@ -35,12 +35,14 @@ class ModelCache(ApiModel):
 
     scope: CacheScope = Field(
         default="Pod",
-        description="Pod: each pod downloads into its own volume (below), gone with the pod. Node: one "
-        f"cache per node and namespace ({NODE_CACHE_ROOT}/<namespace>, a hostPath), shared by every "
-        "replica and restart on the node, so a model is downloaded once per node; runtimes starting "
+        description="Pod (the default, and the safer): each pod downloads into its own volume (below), gone "
+        "with the pod; it passes the restricted Pod Security level. Node: one cache per node and namespace "
+        f"({NODE_CACHE_ROOT}/<namespace>, a hostPath the operator names from the namespace), shared by "
+        "every replica and restart on the node, so a model is downloaded once per node; runtimes starting "
         "together download once, and with size the least recently used models no replica serves are "
-        "deleted past it. Node needs a namespace whose Pod Security level admits hostPath volumes and a "
-        "root init container that hands the folder to the runtime's user (privileged); docs/operator.md.",
+        "deleted past it. Node costs the namespace its Pod Security: a hostPath volume needs the "
+        "privileged level, which then admits any pod of the namespace, and a root init container hands "
+        "the folder to the runtime's user; docs/security.md#the-pods.",
     )
     pvc: ObjectName | None = Field(
         default=None,
@@ -87,7 +89,9 @@ class ModelSource(ApiModel):
         default=None,
         min_length=1,
         max_length=253,
-        description="Model name clients send in OpenAI requests (`model`); defaults to the URI.",
+        description="Model name clients send in OpenAI requests (`model`). Unset, the runtime derives it "
+        "from the URI: the repository id of hf:// (hf://org/name serves org/name), the last part of a "
+        f"file://, pvc:// or s3:// path (file:///models/tiny serves tiny), {IMAGE_MODEL_NAME} for oci://.",
     )
     revision: str | None = Field(
         default=None,

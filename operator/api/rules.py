@@ -8,7 +8,16 @@ from __future__ import annotations
 
 from pydantic import JsonValue
 
-from pagoda.runtime.contract import OCI_REFERENCE_PATTERN, S3_BUCKET_PATTERN
+from pagoda.runtime.contract import (
+    CACHE_DIR,
+    IMAGE_MODEL_NAME,
+    OCI_REFERENCE_PATTERN,
+    POD_IP_ENV,
+    POD_UID_ENV,
+    S3_BUCKET_PATTERN,
+    TERMINATION_MESSAGE_ENV,
+    default_served_name_cel,
+)
 from pagoda.runtime.vllmflags import OWNED_FLAGS, owned_flag_pattern
 
 JsonDict = dict[str, JsonValue]
@@ -54,6 +63,56 @@ MSG_SECRET_ENV = (
     "PAGODA_API_KEY must come from a Secret (valueFrom, model.credentialsSecret or runtime.apiKeySecret), "
     "never a literal value"
 )
+# vLLM's switches that mount routes no API key guards (the runtime's gate keeps those routes out too,
+# docs/security.md#the-inference-api): refused in spec.runtime.env, with a value or from any source.
+MSG_ENV_DEV_MODE = (
+    "spec.runtime.env: VLLM_SERVER_DEV_MODE is not allowed: it turns on vLLM's development routes (RPC to "
+    "the engine's workers, sleep, cache resets, weight updates), which take no API key"
+)
+MSG_ENV_LORA_UPDATING = (
+    "spec.runtime.env: VLLM_ALLOW_RUNTIME_LORA_UPDATING is not allowed: it turns on vLLM's own adapter "
+    "routes, which take no API key, and loading adapters that requests name; list adapters in "
+    "spec.lora.adapters"
+)
+API_KEY_ENV = "PAGODA_API_KEY"
+# The root filesystem is read-only: everything the runtime, vLLM, torch and the Hugging Face libraries write
+# goes to the model cache volume, whatever image runs (a user's own too). Set by operator/resources/pod.py.
+WRITABLE_ENV = {
+    "HOME": CACHE_DIR,
+    "TMPDIR": CACHE_DIR,
+    "XDG_CACHE_HOME": f"{CACHE_DIR}/xdg",
+    "VLLM_CACHE_ROOT": f"{CACHE_DIR}/vllm",
+    "HF_HOME": f"{CACHE_DIR}/hf",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/torchinductor",
+    "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
+    "NUMBA_CACHE_DIR": f"{CACHE_DIR}/numba",
+}
+# Every variable the operator sets on the runtime container (operator/resources/pod.py takes the names from
+# here; tests/unit/test_resources_pod.py checks it sets no other), and why each is the operator's. Refused
+# in spec.runtime.env, naming the variable: nothing the operator relies on, now or in a later version, is
+# the user's to redefine (a POD_NAMESPACE of the user's once chose which namespace's node cache folder a pod
+# mounted, issue #40). POD_NAMESPACE stays reserved with the pod's other identity variables, though the
+# operator no longer sets it.
+OPERATOR_ENV = {
+    TERMINATION_MESSAGE_ENV: "the operator sets it: where the runtime writes why it could not start",
+    "POD_NAMESPACE": "it is reserved for the pod's own namespace (the downward API)",
+    POD_UID_ENV: "the operator sets it from the downward API: the management API accepts only calls signed "
+    "for this pod's UID",
+    POD_IP_ENV: "the operator sets it from the downward API: the management API accepts only calls "
+    "addressed to this pod's IP",
+    API_KEY_ENV: "the operator sets it from spec.runtime.apiKeySecret: name the key's Secret there",
+    **{
+        name: f"the operator sets it to {value}, on the cache volume (the root filesystem is read-only)"
+        for name, value in WRITABLE_ENV.items()
+    },
+}
+MSG_ENV_OPERATOR = "spec.runtime.env: {name} is not allowed: {why}"
+
+REFUSED_ENV_NAMES = {
+    "VLLM_SERVER_DEV_MODE": MSG_ENV_DEV_MODE,
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": MSG_ENV_LORA_UPDATING,
+    **{name: MSG_ENV_OPERATOR.format(name=name, why=why) for name, why in OPERATOR_ENV.items()},
+}
 MSG_ENV_VALUE_AND_SOURCE = "spec.runtime.env[]: set value or valueFrom, not both"
 MSG_ENV_SOURCE = (
     "spec.runtime.env[].valueFrom: set exactly one of secretKeyRef, configMapKeyRef, fieldRef and "
@@ -132,8 +191,9 @@ MSG_SLO_STREAMS = (
     "spec.slo.profile.streams must increase from step to step, each from 1 to 4096 (e.g. [1, 2, 4, 8, 16])"
 )
 MSG_ADAPTER_SERVED_NAME = (
-    "spec.lora.adapters[].name must differ from the base model's served name (spec.model.servedName, "
-    "or spec.model.uri when it is unset)"
+    "spec.lora.adapters[].name must differ from the base model's served name: spec.model.servedName, or when "
+    "it is unset the name the runtime derives from spec.model.uri (the repository id of hf://, the last part "
+    f"of a file://, pvc:// or s3:// path, {IMAGE_MODEL_NAME} for oci://)"
 )
 
 
@@ -245,9 +305,11 @@ SPEC_RULES = [
         MSG_TLS_ROUTING,
         ".runtime.tls",
     ),
+    # The served name is worked out once, outside the adapters (`in` a list of their names), which keeps the
+    # CEL cost estimate of the URI's split from growing with the number of adapters.
     rule(
-        "!has(self.lora) || !has(self.lora.adapters) || self.lora.adapters.all(a, a.name !="
-        " (has(self.model.servedName) ? self.model.servedName : self.model.uri))",
+        "!has(self.lora) || !has(self.lora.adapters) || !((has(self.model.servedName) ? self.model.servedName"
+        f" : {default_served_name_cel('self.model.uri')}) in self.lora.adapters.map(a, a.name))",
         MSG_ADAPTER_SERVED_NAME,
         ".lora.adapters",
     ),
@@ -343,6 +405,7 @@ ENV_RULES = [
         ".value",
     ),
     rule("!(has(self.value) && has(self.valueFrom))", MSG_ENV_VALUE_AND_SOURCE, ".valueFrom"),
+    *(rule(f"self.name != '{name}'", message, ".name") for name, message in REFUSED_ENV_NAMES.items()),
 ]
 _ENV_SOURCES = ("secretKeyRef", "configMapKeyRef", "fieldRef", "resourceFieldRef")
 ENV_SOURCE_RULES = [

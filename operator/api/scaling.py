@@ -39,6 +39,14 @@ WEEKDAYS: tuple[Weekday, ...] = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"
 DEFAULT_WARM_UP_SECONDS = 300
 
 
+def slo_target(concurrency: int, ratio: float = DEFAULT_SLO_TARGET_RATIO) -> int:
+    """metric SLO's in-flight target per replica: `ratio` (sloTargetRatio) of `concurrency`, the concurrency
+    per replica the capacity profile measured within spec.slo, rounded down, at least 1. The one place the
+    ratio is applied: the ScaledObject's threshold (target_per_replica) and status.sizing's replicasNeeded
+    (reconcile/sizing.py) both come from it."""
+    return max(1, int(concurrency * ratio))
+
+
 class KvCacheTrigger(ApiModel):
     """Scale out when KV-cache usage of the busiest replica passes a ratio."""
 
@@ -111,8 +119,9 @@ class AutoscalingSpec(ApiModel):
         f"waiting ones only ({QUEUE_DEPTH_METRIC}; with continuous batching it rises only once the batch, "
         "engine.maxNumSeqs, is full, after latency has already grown), or SLO: in-flight requests with the "
         "target taken from the capacity profile (sloTargetRatio of status.profile.concurrency; needs "
-        "spec.slo, and until a profile has measured one, targetInFlight or its default). Default: "
-        "InFlight, or QueueDepth when only targetQueueDepth is set.",
+        "spec.slo, and until a profile has measured one, targetInFlight or its default; while the newest "
+        "profile met the SLO at no step, the target of the last that met it, or 1 when none did: condition "
+        "SLOUnmet). Default: InFlight, or QueueDepth when only targetQueueDepth is set.",
     )
     target_in_flight: int | None = Field(
         default=None,
@@ -202,10 +211,12 @@ class AutoscalingSpec(ApiModel):
         return "QueueDepth" if self.target_queue_depth is not None else "InFlight"
 
     def target_per_replica(self, slo_concurrency: int | None = None) -> int:
-        """The per-replica target of the metric in effect; `slo_concurrency`: what the capacity profile
-        measured (status.profile.concurrency), the base of metric SLO's target."""
+        """The per-replica target of the metric in effect; `slo_concurrency`: the base of metric SLO's
+        target (reconcile/profile.py slo_concurrency: what the capacity profile measured within the SLO, the
+        last such measurement or 1 while the newest profile met it at no step; None before a measurement,
+        when targetInFlight holds)."""
         if self.scaling_metric == "SLO" and slo_concurrency is not None:
-            return max(1, int(slo_concurrency * self.slo_target_ratio))
+            return slo_target(slo_concurrency, self.slo_target_ratio)
         if self.scaling_metric in IN_FLIGHT_METRICS:
             return self.target_in_flight or DEFAULT_TARGET_IN_FLIGHT
         return self.target_queue_depth or DEFAULT_TARGET_QUEUE_DEPTH

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, model_validator
 
+from pagoda.runtime.contract import default_served_name
+
 from .base import ApiModel
 from .cost import CostSpec
 from .engine import EngineSpec
@@ -122,4 +124,6 @@ class InferenceServiceSpec(ApiModel):
 
     @property
     def served_name(self) -> str:
-        return self.model.served_name or self.model.uri
+        """The model name clients send: spec.model.servedName, else the name the runtime derives from the
+        URI (the contract's rule: file:///models/tiny serves `tiny`)."""
+        return self.model.served_name or default_served_name(self.model.uri)

@@ -12,12 +12,21 @@ from .base import ApiModel
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "DisruptionTolerant"]
 CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "DisruptionTolerant")
+# With spec.slo, once a profile has measured: True while the newest profile met the SLO at no step.
+SLO_UNMET = "SLOUnmet"
+# With spec.autoscaling, once its ScaledObject exists: True while the autoscaler cannot read the load (KEDA's
+# fallback holds the replicas, or the HPA reads nothing from KEDA's adapter); reconcile/scalingmetrics.py.
+METRICS_UNAVAILABLE = "ScalingMetricsUnavailable"
 
 
 class Condition(ApiModel):
     """One condition, as in metav1.Condition."""
 
-    type: str = Field(max_length=316, description="Ready, Progressing, Degraded or DisruptionTolerant.")
+    type: str = Field(
+        max_length=316,
+        description="Ready, Progressing, Degraded, DisruptionTolerant, SLOUnmet (with spec.slo, once a "
+        "profile has measured) or ScalingMetricsUnavailable (with spec.autoscaling).",
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(max_length=1024, description="CamelCase reason for the last transition.")
     message: str = Field(default="", max_length=32768, description="Human-readable detail.")
@@ -263,7 +272,15 @@ class ProfileStatus(ApiModel):
         default=None,
         ge=1,
         description="The highest concurrency per replica that meets the SLO (counting up the steps to the "
-        "first that misses it); absent when even the first step misses it or no profile finished.",
+        "first that misses it); absent when even the first step misses it (condition SLOUnmet) or no "
+        "profile finished.",
+    )
+    last_met_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="While the newest profile met the SLO at no step (concurrency absent): the concurrency "
+        "the last profile that met it measured, which metric SLO's target stays based on; absent when no "
+        "profile met it (the target is then 1).",
     )
     requests_per_second: float | None = Field(
         default=None, ge=0, description="Requests per second one replica completes at that concurrency."
@@ -321,11 +338,19 @@ class SizingStatus(ApiModel):
         description="inFlight as a percent of capacity (rounded); above 100 the SLO is likely missed "
         "(absent while no replica is Ready).",
     )
+    target_per_replica: int | None = Field(
+        default=None,
+        ge=1,
+        description="In-flight requests per replica to aim for within the SLO: autoscaling.sloTargetRatio "
+        "(default 0.8) of status.profile.concurrency, rounded down, at least 1 (while the newest profile met "
+        "the SLO at no step: of lastMetConcurrency, or 1); with autoscaling.metric SLO the HPA's own target.",
+    )
     replicas_needed: int | None = Field(
         default=None,
         ge=0,
-        description="Replicas the current load needs within the SLO: inFlight / status.profile.concurrency, "
-        "rounded up.",
+        description="Replicas the current load needs within the SLO: inFlight / targetPerReplica, rounded up "
+        "(with autoscaling.metric SLO the count the HPA asks for before minReplicas and maxReplicas bound "
+        "it).",
     )
     cost_per_million_tokens: float | None = Field(
         default=None,
@@ -337,6 +362,13 @@ class SizingStatus(ApiModel):
     currency: str | None = Field(
         default=None, max_length=3, description="The currency of costPerMillionTokens (spec.cost.currency)."
     )
+    message: str | None = Field(
+        default=None,
+        max_length=1024,
+        description="Why the load figures (inFlight, loadPercent, replicasNeeded) are absent although the "
+        "autoscaler has a reading, e.g. while KEDA's fallback stands in for failing metrics queries (its "
+        "reading is then no load).",
+    )
 
 
 class InferenceServiceStatus(ApiModel):
@@ -345,7 +377,11 @@ class InferenceServiceStatus(ApiModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=8,
-        description="Ready, Progressing, Degraded and DisruptionTolerant.",
+        description="Ready, Progressing, Degraded and DisruptionTolerant; with spec.slo, once a profile has "
+        "measured, SLOUnmet (True while the newest profile met the SLO at no step); with spec.autoscaling, "
+        "ScalingMetricsUnavailable (True while the autoscaler cannot read the load: KEDA's fallback holds "
+        "the replicas, reason KedaFallback, naming the failing triggers; or the HPA reads nothing from "
+        "KEDA's metrics adapter, reason ExternalMetricsUnavailable; lastTransitionTime says since when).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")

@@ -6,7 +6,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from pagoda.runtime.contract import HTTP_PORT, PORT_NAME, TLS_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY
+from pagoda.runtime.contract import (
+    HTTP_PORT,
+    INFERENCE_API,
+    MAX_REQUEST_BODY_BYTES,
+    PORT_NAME,
+    TLS_CA_KEY,
+    TLS_CERT_KEY,
+    TLS_KEY_KEY,
+)
 
 from .base import ApiModel, IntOrPercent, ObjectName, Quantity, is_zero
 from .rules import (
@@ -19,6 +27,7 @@ from .rules import (
     MSG_TOLERATION_KEY,
     MSG_TOLERATION_SECONDS,
     MSG_TOLERATION_VALUE,
+    REFUSED_ENV_NAMES,
     ROLLOUT_RULES,
     SECRET_ENV_NAMES,
     TOLERATION_RULES,
@@ -35,6 +44,12 @@ LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
 LabelMap = dict[
     Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63, pattern=LABEL_VALUE_PATTERN)]
 ]
+# spec.runtime.imagePullSecrets: a pod pulls from a few registries at most.
+MAX_PULL_SECRETS = 16
+# spec.runtime.maxRequestBodyBytes: at least 1 KiB (less refuses ordinary chat requests), at most 1 GiB
+# (vLLM's app holds a request's body whole in memory before parsing it, one per request in flight).
+REQUEST_BODY_BYTES_MIN = 1024
+REQUEST_BODY_BYTES_MAX = 1024**3
 
 
 class GpuSpec(ApiModel):
@@ -139,6 +154,12 @@ class SecretKeyRef(ApiModel):
     key: str = Field(default="api-key", min_length=1, max_length=253, description="Key within the Secret.")
 
 
+class LocalObjectReference(ApiModel):
+    """A Secret in the same namespace, by name (core/v1 LocalObjectReference)."""
+
+    name: ObjectName = Field(description="Secret name.")
+
+
 class KeyRef(ApiModel):
     """A key of a Secret or ConfigMap in the same namespace."""
 
@@ -207,6 +228,8 @@ class EnvVar(ApiModel):
 
     @model_validator(mode="after")
     def _no_literal_secret(self) -> EnvVar:
+        if self.name in REFUSED_ENV_NAMES:
+            raise ValueError(REFUSED_ENV_NAMES[self.name])
         if self.value is not None and self.name in SECRET_ENV_NAMES:
             raise ValueError(MSG_SECRET_ENV)
         if self.value is not None and self.value_from is not None:
@@ -225,10 +248,11 @@ class RuntimeTlsSpec(ApiModel):
     )
     insecure_skip_verify: bool = Field(
         default=False,
-        description=f"Prometheus (the ServiceMonitor) scrapes without verifying the pods' certificate. By "
-        f"default it verifies it against the Secret's {TLS_CA_KEY} and the name <name>.<namespace>.svc, "
-        f"which the certificate must carry; set this when the Secret has no {TLS_CA_KEY} (e.g. a public ACME "
-        "issuer's certificate): the scrapes stay encrypted but are not authenticated.",
+        description=f"Prometheus (the ServiceMonitor) and the operator (its capacity reads and management "
+        f"calls) reach the pods without verifying their certificate. By default both verify it against the "
+        f"Secret's {TLS_CA_KEY} and the name <name>.<namespace>.svc, which the certificate must carry, and "
+        f"the operator calls no pod it cannot verify; set this when the Secret has no {TLS_CA_KEY} (e.g. a "
+        "public ACME issuer's certificate): the connections stay encrypted but are not authenticated.",
     )
 
 
@@ -244,17 +268,37 @@ class RuntimeSpec(ApiModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] | None = Field(
         default=None, description="Image pull policy of the runtime container."
     )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=MAX_PULL_SECRETS,
+        description="Secrets in the same namespace (type kubernetes.io/dockerconfigjson) for pulling from "
+        "private registries, copied to the pods' imagePullSecrets: the kubelet uses them for the runtime "
+        "image and for an oci:// model image alike (an image volume), in the replicas and the profile Job. "
+        "Unset: those of the namespace's default ServiceAccount, if it has any (Kubernetes adds them only "
+        "to a pod that names none).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
     env: list[EnvVar] = Field(default_factory=list, max_length=64, description="Extra environment variables.")
     api_key_secret: SecretKeyRef | None = Field(
         default=None,
-        description="Secret key holding the API key (env PAGODA_API_KEY); /v1/* then requires "
-        "`Authorization: Bearer <key>`.",
+        description="Secret key holding the API key (env PAGODA_API_KEY); every request to the inference API "
+        f"({', '.join(INFERENCE_API)}) then requires `Authorization: Bearer <key>`; the probes and /metrics "
+        "stay open.",
     )
     tls: RuntimeTlsSpec | None = Field(
         default=None,
         description="Serve HTTPS instead of HTTP (--tls-cert-file, --tls-key-file), with the certificate in "
         "a Secret; the probes, the Service (appProtocol https), the ServiceMonitor and the operator's calls "
         "follow. Not with spec.routing.",
+    )
+    max_request_body_bytes: int | None = Field(
+        default=None,
+        ge=REQUEST_BODY_BYTES_MIN,
+        le=REQUEST_BODY_BYTES_MAX,
+        description="The largest request body the runtime accepts, in bytes (--max-request-body-bytes), "
+        "from 1 KiB to 1 GiB; a larger one gets 413 before vLLM reads it. Unset: the runtime's default, "
+        f"{MAX_REQUEST_BODY_BYTES // 1024**2} MiB, enough for a long chat and a few inline base64 images; "
+        "raise it for larger images or more of them (vLLM holds each body in memory while it parses it).",
     )
     drain_timeout_seconds: int = Field(
         default=120,
@@ -263,13 +307,14 @@ class RuntimeSpec(ApiModel):
         description="On shutdown, how long in-flight and queued requests may take to finish "
         "(--drain-timeout); terminationGracePeriodSeconds covers it.",
     )
-    stall_timeout_seconds: int = Field(
-        default=30,
+    stall_timeout_seconds: int | None = Field(
+        default=None,
         ge=0,
         le=3600,
-        description="How long the engine may have requests and produce no token before the runtime fails its "
-        "liveness probe and exits, so that the pod restarts (--stall-timeout); 0: never. An engine step "
-        "takes well under a second; a hung engine never ends one.",
+        description="How long the engine may hold requests and complete no step before the runtime fails its "
+        "liveness probe and exits, so that the pod restarts (--stall-timeout); 0: never. Unset: the "
+        "runtime's default, the longest one engine step takes at a slow CPU's prefill rate and at least "
+        "30 s (docs/runtime.md). A hung engine never ends a step.",
     )
     startup_timeout_seconds: int = Field(
         default=1800,
@@ -278,6 +323,13 @@ class RuntimeSpec(ApiModel):
         description="How long model download and loading may take before the pod is restarted "
         "(startupProbe).",
     )
+
+    @model_validator(mode="after")
+    def _unique_pull_secrets(self) -> RuntimeSpec:
+        names = [secret.name for secret in self.image_pull_secrets]
+        if len(set(names)) != len(names):
+            raise ValueError(f"spec.runtime.imagePullSecrets: duplicate names in {names}")
+        return self
 
 
 class ServiceSpec(ApiModel):

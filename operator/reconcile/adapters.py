@@ -16,30 +16,38 @@ retried after `failed_retry_after` seconds (the runtime keeps the Failed entry u
 that times out goes on in the runtime: the adapter counts as Loading (or Unloading) and the next pass looks.
 While any adapter is not Ready the caller requeues after `requeue_after`.
 
-Every call is signed with the operator's management key (runtime/management.py): the runtime answers no
-one else. The inference API's key (spec.runtime.apiKeySecret) is not used, so the operator reads no Secret
-of the user's to load adapters.
+Every call is signed with the operator's management key (runtime/management.py) for the pod it goes to
+(its UID and its address): the runtime answers no one else, and no other pod accepts it. The inference
+API's key (spec.runtime.apiKeySecret) is not used. A pod that serves TLS (spec.runtime.tls) is called only
+once its certificate verifies against the CA in that Secret, for the Service's DNS name (PodTrust): an
+unverified connection would hand the signed call, and the answer, to whoever answers on the pod's IP.
 """
 
 from __future__ import annotations
 
+import base64
+import functools
 import http.client
 import json
+import logging
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.reconcile.kube import Kube, KubeError
 from pagoda.operator.reconcile.podmemo import PodMemo, at_once, backoff, pod_ready
-from pagoda.operator.resources.tls import pod_url
-from pagoda.runtime.contract import ADAPTERS_PATH, HTTP_PORT
-from pagoda.runtime.management import Signer
+from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.resources.tls import PodTls, pod_scheme, pod_tls, pod_url
+from pagoda.runtime.contract import ADAPTERS_PATH, HTTP_PORT, TLS_CA_KEY
 
+log = logging.getLogger("pagoda.operator.tls")
 Obj = dict[str, Any]
 # (method, url, body or None, headers, timeout) -> (HTTP status, JSON body); raises OSError when the pod
 # cannot be reached or does not answer in time.
@@ -51,32 +59,162 @@ CALL_FAILED = (OSError, ValueError, http.client.HTTPException)
 Want = tuple[str, str | None]
 
 
+class Signs(Protocol):
+    """What signs the calls: the runtime's Signer, or the operator's KeyRing (reconcile/management.py)."""
+
+    def authorization(self, method: str, host: str, path: str, body: bytes, *, pod: str) -> str: ...
+
+
+class TlsRefused(OSError):
+    """The operator does not call this TLS pod: it cannot verify the pod's certificate (PodTls.refused)."""
+
+
 def http_request(
-    method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
+    method: str,
+    url: str,
+    body: bytes | None,
+    headers: dict[str, str],
+    timeout: float,
+    tls: PodTls | None = None,
 ) -> tuple[int, Obj]:
-    """`url`: https for a pod with spec.runtime.tls (resources/tls.py pod_url), its certificate unverified:
-    the call goes to a pod IP, which the certificate does not name, and the operator may not read the CA
-    in the user's Secret; the call is signed, and the runtime refuses it changed or replayed
-    (docs/security.md#tls)."""
+    """One call to a pod: `url` is https for a pod with spec.runtime.tls (resources/tls.py pod_url), made
+    only as `tls` says (https_call)."""
+    if url.startswith("https:"):
+        status, raw = https_call(tls, method, url, body, headers, timeout)
+        return status, _json(raw)
     request = urllib.request.Request(url, data=body, headers=headers, method=method)  # noqa: S310 (pod IP)
-    context = POD_TLS if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:  # noqa: S310
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
             return response.status, _json(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, _json(exc.read())
 
 
-def _unverified() -> ssl.SSLContext:
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
+class _PodConnection(http.client.HTTPSConnection):
+    """HTTPS to a pod's IP that checks its certificate for the service's DNS name (sent as SNI too), which
+    the certificate carries, rather than for the IP, which it does not. The Host header stays the pod's
+    address: the signature binds it and the runtime checks it (runtime/management.py)."""
+
+    def __init__(self, host: str, port: int, tls: PodTls, timeout: float) -> None:
+        assert tls.context is not None
+        super().__init__(host, port, timeout=timeout, context=tls.context)
+        self._pod_context, self._server_name = tls.context, tls.server_name
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._pod_context.wrap_socket(self.sock, server_hostname=self._server_name)
 
 
-# The operator's calls to a pod that serves TLS (see http_request); capacity.py's too.
-POD_TLS = _unverified()
+def https_call(
+    tls: PodTls | None, method: str, url: str, body: bytes | None, headers: dict[str, str], timeout: float
+) -> tuple[int, bytes]:
+    """(HTTP status, body) of one call to a TLS pod; TlsRefused, without connecting, when `tls` gives no way
+    to verify it; ssl.SSLCertVerificationError when its certificate is not from the Secret's CA or does not
+    name the Service."""
+    if tls is None or tls.context is None:
+        raise TlsRefused(
+            tls.refused if tls is not None and tls.refused else "no CA to verify this TLS pod against"
+        )
+    parts = urlsplit(url)
+    connection = _PodConnection(parts.hostname or "", parts.port or 443, tls, timeout)
+    try:
+        connection.request(
+            method, f"{parts.path}?{parts.query}" if parts.query else parts.path, body, headers
+        )
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+class PodTrust:
+    """How the operator verifies the pods of each service that serves TLS: against the `ca.crt` of its
+    spec.runtime.tls Secret, for `<name>.<namespace>.svc` (resources/tls.py pod_tls), as Prometheus does.
+
+    The spec comes from `owner` (the watch-fed cache's InferenceService), the Secret from one GET: the only
+    Secret of a user's the operator reads the data of (it needs `get` on Secrets, docs/install.md), and only
+    `ca.crt` is kept. What it finds is remembered for `remember` seconds (a new CA is picked up within that;
+    the pods' certificates, renewed from the same CA, need nothing), a Secret it cannot use for
+    `retry_after` seconds, logged each time it is looked at again. Safe to share between reconcile workers.
+    """
+
+    def __init__(
+        self,
+        kube: Kube,
+        owner: Callable[[str, str], Obj | None],
+        *,
+        remember: float = 300.0,
+        retry_after: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kube, self._owner, self._clock = kube, owner, clock
+        self._remember, self._retry_after = remember, retry_after
+        self._known: dict[tuple[str, str, str], tuple[PodTls, float]] = {}  # (ns, name, tls) -> (it, until)
+        self._lock = threading.Lock()
+
+    def for_pod(self, pod: Obj) -> PodTls:
+        """How to call `pod` (one that serves TLS), from its service's spec as it stands."""
+        meta = pod.get("metadata") or {}
+        namespace, name = (
+            str(meta.get("namespace") or ""),
+            str((meta.get("labels") or {}).get(OWNER_LABEL) or ""),
+        )
+        tls = (((self._owner(namespace, name) or {}).get("spec") or {}).get("runtime") or {}).get("tls")
+        tls = tls if isinstance(tls, dict) else None
+        key = (namespace, name, json.dumps(tls, sort_keys=True))
+        with self._lock:
+            known = self._known.get(key)
+            if known is not None and self._clock() < known[1]:
+                return known[0]
+        found = self._resolve(namespace, name, tls)
+        until = self._clock() + (self._retry_after if found.refused else self._remember)
+        with self._lock:
+            self._known = {k: v for k, v in self._known.items() if v[1] > self._clock()}
+            self._known[key] = (found, until)
+        return found
+
+    def _resolve(self, namespace: str, name: str, tls: Obj | None) -> PodTls:
+        ca, unreadable = None, None
+        if tls is not None and not tls.get("insecureSkipVerify"):
+            ca, unreadable = self._read_ca(namespace, str(tls.get("secretName") or ""))
+        found = pod_tls(namespace, name, tls, ca, unreadable)
+        if found.refused:
+            log.warning("Not calling the TLS pods name=%s namespace=%s: %s", name, namespace, found.refused)
+        elif not found.verified:
+            log.info(
+                "Calling the TLS pods name=%s namespace=%s unverified (insecureSkipVerify)", name, namespace
+            )
+        return found
+
+    def _read_ca(self, namespace: str, secret: str) -> tuple[str | None, str | None]:
+        """(ca.crt, None), or (None, why the Secret cannot be read)."""
+        try:
+            found = self._kube.get("v1", "secrets", namespace, secret)
+        except KubeError as exc:
+            grant = (
+                " (the operator needs `get` on Secrets here, docs/install.md)" if exc.status == 403 else ""
+            )
+            return None, f"HTTP {exc.status}{grant}: {exc.message}"[:MESSAGE_MAX]
+        except OSError as exc:  # the API server did not answer: looked at again after retry_after
+            return None, str(exc)[:MESSAGE_MAX]
+        if found is None:
+            return None, "it does not exist"
+        value = (found.get("data") or {}).get(TLS_CA_KEY)
+        if not value:
+            return None, None
+        try:
+            return base64.b64decode(value).decode(), None
+        except (ValueError, UnicodeDecodeError):
+            return None, f"its {TLS_CA_KEY} is not base64 of a PEM text"
+
+
+def pod_transport(trust: PodTrust | None, pod: Obj) -> PodTls | None:
+    """How `pod` is called: None for plain http; for a TLS pod, as `trust` says (refused without one)."""
+    if pod_scheme(pod) != "https":
+        return None
+    return (
+        trust.for_pod(pod) if trust is not None else PodTls("", refused="the operator has no CA for TLS pods")
+    )
 
 
 def _json(raw: bytes) -> Obj:
@@ -122,9 +260,10 @@ class AdapterSync:
 
     def __init__(
         self,
-        signer: Signer,
-        request: Request = http_request,
+        signer: Signs,
+        request: Request | None = None,
         *,
+        trust: PodTrust | None = None,
         port: int = HTTP_PORT,
         timeout: float = 3.0,
         load_timeout: float = 10.0,
@@ -137,7 +276,7 @@ class AdapterSync:
         remembered: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._signer, self._request, self._port = signer, request, port
+        self._signer, self._request, self._trust, self._port = signer, request, trust, port
         self._timeout, self._load_timeout = timeout, load_timeout
         self._per_pass, self._recheck_after = per_pass, recheck_after
         self._retry_after, self._max_retry_after = retry_after, max_retry_after
@@ -155,27 +294,37 @@ class AdapterSync:
         self._sync_pods(ready, desired)
         return self._report(ready, desired)
 
-    def _call(self, method: str, url: str, body: Obj | None, timeout: float) -> tuple[int, Obj]:
-        """One signed call to a pod's management API."""
+    def _call(
+        self, request: Request, method: str, url: str, uid: str, body: Obj | None, timeout: float
+    ) -> tuple[int, Obj]:
+        """One call to a pod's management API, signed for that pod (`uid`, and the Host in `url`)."""
         data = json.dumps(body).encode() if body is not None else None
         parts = urlsplit(url)
-        headers = {
-            "content-type": "application/json",
-            "authorization": self._signer.authorization(method, parts.netloc, parts.path, data or b""),
-        }
-        return self._request(method, url, data, headers, timeout)
+        signature = self._signer.authorization(method, parts.netloc, parts.path, data or b"", pod=uid)
+        headers = {"content-type": "application/json", "authorization": signature}
+        return request(method, url, data, headers, timeout)
+
+    def _request_for(self, pod: Obj) -> Request:
+        """The given `request` (tests), else http_request, verifying a TLS pod as PodTrust says."""
+        if self._request is not None:
+            return self._request
+        return functools.partial(http_request, tls=pod_transport(self._trust, pod))
 
     def _sync_pods(self, pods: list[Obj], desired: dict[str, Want]) -> None:
-        due: list[tuple[str, str, PodView]] = []  # (view key, the pod's adapters URL, what was known of it)
+        due: list[
+            tuple[str, str, str, PodView, Request]
+        ] = []  # (view key, URL, pod UID, what was known, how)
         now = self._clock()
         for pod in pods:
             key = view_key(pod)
             view = self._views.get(key) or PodView()
             if self._due(view, desired, now):
-                due.append((key, pod_url(pod, self._port, ADAPTERS_PATH), view))
+                uid = str((pod.get("metadata") or {}).get("uid") or "")
+                url = pod_url(pod, self._port, ADAPTERS_PATH)
+                due.append((key, url, uid, view, self._request_for(pod)))
         due = due[: self._per_pass]
-        synced = at_once(lambda one: self._sync_pod(one[1], one[2], desired), due)
-        for (key, _, _), view in zip(due, synced, strict=True):
+        synced = at_once(lambda one: self._sync_pod(one[4], one[1], one[2], one[3], desired), due)
+        for (key, *_), view in zip(due, synced, strict=True):
             self._views.put(key, view)
 
     def _due(self, view: PodView, desired: dict[str, Want], now: float) -> bool:
@@ -186,11 +335,13 @@ class AdapterSync:
         at = self._next_look(view, desired)
         return now >= (at if at is not None else view.checked_at + self._recheck_after)
 
-    def _sync_pod(self, base: str, view: PodView, desired: dict[str, Want]) -> PodView:
+    def _sync_pod(
+        self, request: Request, base: str, uid: str, view: PodView, desired: dict[str, Want]
+    ) -> PodView:
         try:
-            status, body = self._call("GET", base, None, self._timeout)
+            status, body = self._call(request, "GET", base, uid, None, self._timeout)
         except CALL_FAILED as exc:
-            return self._unreachable(view, "ReplicaUnreachable", f"GET {ADAPTERS_PATH}: {exc}")
+            return self._unreachable(view, unreachable_reason(exc), f"GET {ADAPTERS_PATH}: {exc}")
         if status != 200:
             reason = "Unauthorized" if status in (401, 403) else "ReplicaNotAnswering"
             return self._unreachable(view, reason, f"GET {ADAPTERS_PATH}: {_error(status, body)[1]}")
@@ -200,7 +351,7 @@ class AdapterSync:
             if name in desired or entry.get("state") == "Unloading":
                 continue
             try:
-                status, body = self._call("DELETE", f"{base}/{name}", None, self._load_timeout)
+                status, body = self._call(request, "DELETE", f"{base}/{name}", uid, None, self._load_timeout)
             except CALL_FAILED:
                 entries[name] = {**entry, "state": "Unloading"}  # it drains on; the next pass looks
                 continue
@@ -223,7 +374,7 @@ class AdapterSync:
             put: Obj = {"source": source} | ({"revision": revision} if revision is not None else {})
             ask = {"name": name, **put}
             try:
-                status, body = self._call("PUT", f"{base}/{name}", put, self._load_timeout)
+                status, body = self._call(request, "PUT", f"{base}/{name}", uid, put, self._load_timeout)
             except CALL_FAILED:
                 entries[name] = {**ask, "state": "Loading"}  # it loads on
                 continue
@@ -296,6 +447,13 @@ class AdapterSync:
         status: Obj = {"adapters": entries, "adaptersReady": f"{ready_count}/{len(desired)}"}
         looks = [at for at in (self._next_look(v, desired) for v in views) if at is not None]
         return AdapterReport(status, max(min(looks) - now, 1.0) if looks else None)
+
+
+def unreachable_reason(exc: BaseException) -> str:
+    """CertificateNotVerified for a TLS pod not called (TlsRefused) or whose certificate did not verify (from
+    another CA, or not for the Service's name); ReplicaUnreachable otherwise."""
+    refused = isinstance(exc, TlsRefused | ssl.SSLCertVerificationError)
+    return "CertificateNotVerified" if refused else "ReplicaUnreachable"
 
 
 def serves(entry: Obj, want: Want) -> bool:

@@ -15,27 +15,33 @@ count on). Each pod's start-up phases go into `status.startup` (startup.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from pagoda.operator.reconcile.adapters import POD_TLS
+from pagoda.operator.reconcile.adapters import PodTrust, https_call, pod_transport
 from pagoda.operator.reconcile.podmemo import PodMemo, at_once, backoff, pod_ready
 from pagoda.operator.reconcile.startup import model_cache_status, record
-from pagoda.operator.resources.tls import pod_url
+from pagoda.operator.resources.tls import PodTls, pod_url
 from pagoda.runtime.contract import CAPACITY_PATH, HTTP_PORT
 
 Obj = dict[str, Any]
 Fetch = Callable[[str, float], Obj]
 
 
-def http_fetch(url: str, timeout: float) -> Obj:
-    """GET `url` (a pod's, over http or, with spec.runtime.tls, https unverified as adapters.py explains)."""
-    context = POD_TLS if url.startswith("https:") else None
-    with urllib.request.urlopen(url, timeout=timeout, context=context) as response:  # noqa: S310 (a pod IP)
-        body = json.load(response)
+def http_fetch(url: str, timeout: float, tls: PodTls | None = None) -> Obj:
+    """GET `url` (a pod's, over http or, with spec.runtime.tls, https verified as `tls` says: adapters.py)."""
+    if url.startswith("https:"):
+        status, raw = https_call(tls, "GET", url, None, {}, timeout)
+        if status != 200:
+            raise OSError(f"{url} answered HTTP {status}")
+        body = json.loads(raw)
+    else:
+        with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 (a pod IP)
+            body = json.load(response)
     if not isinstance(body, dict):
         raise ValueError(f"{url} answered {body!r}, not an object")
     return body
@@ -72,8 +78,9 @@ class CapacityReader:
 
     def __init__(
         self,
-        fetch: Fetch = http_fetch,
+        fetch: Fetch | None = None,
         *,
+        trust: PodTrust | None = None,
         port: int = HTTP_PORT,
         timeout: float = 2.0,
         retry_after: float = 60.0,
@@ -82,7 +89,7 @@ class CapacityReader:
         remembered: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._fetch, self._port, self._timeout = fetch, port, timeout
+        self._fetch, self._trust, self._port, self._timeout = fetch, trust, port, timeout
         self._retry_after, self._max_retry_after = retry_after, max_retry_after
         self._per_pass, self._clock = per_pass, clock
         # pod uid -> its answer (_answer), or (the monotonic time after which a failed ask may be repeated,
@@ -93,7 +100,7 @@ class CapacityReader:
         """`status.capacity` from the Ready pods of one service (asking those not asked yet); None when no
         Ready pod has answered."""
         answers: list[Obj] = []
-        to_ask: list[tuple[str, str, tuple[float, int] | None]] = []  # (uid, URL, the last failure)
+        to_ask: list[tuple[str, Callable[[], Obj], tuple[float, int] | None]] = []  # (uid, ask, last failure)
         for pod in pods:
             uid = str((pod.get("metadata") or {}).get("uid") or "")
             ip = (pod.get("status") or {}).get("podIP")
@@ -105,8 +112,8 @@ class CapacityReader:
                 continue
             if (known is not None and self._clock() < known[0]) or len(to_ask) >= self._per_pass:
                 continue
-            to_ask.append((uid, pod_url(pod, self._port, CAPACITY_PATH), known))
-        asked = at_once(self._ask, [url for _, url, _ in to_ask])
+            to_ask.append((uid, self._asking(pod), known))
+        asked = at_once(self._ask, [ask for _, ask, _ in to_ask])
         for (uid, _, known), answer in zip(to_ask, asked, strict=True):
             failures = known[1] + 1 if known is not None else 1
             delay = backoff(self._retry_after, self._max_retry_after, failures)
@@ -149,8 +156,16 @@ class CapacityReader:
                 waits.append(max(known[0] - self._clock(), 1.0) if known is not None else 1.0)
         return min(waits) if waits else None
 
-    def _ask(self, url: str) -> Obj | None:
+    def _asking(self, pod: Obj) -> Callable[[], Obj]:
+        """The GET of `pod`'s capacity: with the given `fetch` (tests), else http_fetch, verifying a TLS pod
+        as the PodTrust says (adapters.py)."""
+        url = pod_url(pod, self._port, CAPACITY_PATH)
+        if self._fetch is not None:
+            return functools.partial(self._fetch, url, self._timeout)
+        return functools.partial(http_fetch, url, self._timeout, pod_transport(self._trust, pod))
+
+    def _ask(self, ask: Callable[[], Obj]) -> Obj | None:
         try:
-            return _answer(self._fetch(url, self._timeout))
+            return _answer(ask())
         except (OSError, ValueError):  # unreachable, 503 while loading (HTTPError is an OSError), bad JSON
             return None

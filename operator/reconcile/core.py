@@ -42,17 +42,19 @@ from pagoda.operator.reconcile.problems import (
     secret_names,
     secret_not_found,
 )
-from pagoda.operator.reconcile.profile import PROFILE_KIND, measured_concurrency, profile_status, tuned_engine
+from pagoda.operator.reconcile.profile import PROFILE_KIND, profile_status, slo_concurrency, tuned_engine
 from pagoda.operator.reconcile.scaling import HPA_KIND, hpa_name, scale_event
+from pagoda.operator.reconcile.scalingmetrics import metrics_event
+from pagoda.operator.reconcile.slo import slo_event
 from pagoda.operator.reconcile.startup import typical_seconds
 from pagoda.operator.reconcile.status import (
-    OPTIONAL_FIELDS,
     Observed,
     Problem,
     compute_status,
     degraded_now,
     first_report_wait,
     status_changed,
+    status_patch,
 )
 from pagoda.operator.reconcile.times import parse_time, rfc3339_now
 from pagoda.operator.resources import (
@@ -163,10 +165,15 @@ def reconcile(
     adapters: AdapterSync | None = None,
     management_key: str | None = None,
     trusted_namespaces: tuple[str, ...] = (),
+    picker_cluster_role: str | None = None,
 ) -> Outcome:
     """One pass, counted in the operator's metrics. What it reads: see the module's docstring.
     `management_key`: the operator's public key for the pods (resources/management.py);
-    `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py)."""
+    `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py);
+    `picker_cluster_role`: the ClusterRole spec.routing's endpoint picker is bound to (resources/routing.py).
+    Raises NotLeader, before reading anything, when this replica may have lost the leader Lease (and at
+    any write of the pass, should it be lost meanwhile: kube.py)."""
+    kube.check_leader(f"reconcile name={name} namespace={namespace}")
     started = time.monotonic()
     try:
         outcome = _reconcile(
@@ -180,6 +187,7 @@ def reconcile(
             adapters,
             management_key,
             trusted_namespaces,
+            picker_cluster_role,
         )
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
@@ -205,6 +213,7 @@ def _reconcile(
     adapters: AdapterSync | None = None,
     management_key: str | None = None,
     trusted_namespaces: tuple[str, ...] = (),
+    picker_cluster_role: str | None = None,
 ) -> Outcome:
     owner = cache.owner(namespace, name) if cache else kube.get(API_VERSION, PLURAL, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -229,6 +238,7 @@ def _reconcile(
             chat_template,
             management_key,
             trusted_namespaces,
+            picker_cluster_role,
         )
         if spec is not None
         else None
@@ -295,12 +305,14 @@ def desired_state(
     chat_template: str | None = None,
     management_key: str | None = None,
     trusted_namespaces: tuple[str, ...] = (),
+    picker_cluster_role: str | None = None,
 ) -> list[Obj]:
     """The children the spec asks for, with owner references. Anything a builder raises is a bug (the spec
     was validated), and propagates: the work queue logs it with its traceback and retries with back-off.
     `chat_template`: the template read from spec.engine.chatTemplate.configMap (chattemplate.py);
     `management_key`: the operator's public key for the pods (resources/management.py);
-    `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py)."""
+    `trusted_namespaces`: those the pods' NetworkPolicy admits (resources/networkpolicy.py);
+    `picker_cluster_role`: the endpoint picker's ClusterRole (resources/routing.py)."""
     stamps = RestartStamps(restart.restarted_at, restart.since) if restart else RestartStamps()
     status = owner.get("status") or {}
     children = desired_children(
@@ -314,8 +326,9 @@ def desired_state(
         trusted_namespaces,
         typical_start=typical_seconds(status.get("startup")),
         profile_request=(owner["metadata"].get("annotations") or {}).get(PROFILE_REQUEST_ANNOTATION),
-        slo_concurrency=measured_concurrency(status.get("profile")),
+        slo_concurrency=slo_concurrency(status.get("profile")),
         engine_choice=tuned_engine(status.get("profile")),
+        picker_cluster_role=picker_cluster_role,
     )
     return [with_owner(manifest, owner) for manifest in children]
 
@@ -486,7 +499,8 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
 
 def write_status(p: Pass, status: Obj) -> None:
     """Write the status computed for this pass only when it changed, with a Warning Event when the owner
-    becomes Degraded or its Degraded reason changes (and Events for scaling and adapter failures)."""
+    becomes Degraded or its Degraded reason changes (and Events for scaling, adapter failures and each flip
+    of SLOUnmet and of ScalingMetricsUnavailable)."""
     previous = p.owner.get("status") or {}
     if not status_changed(previous, status):
         return
@@ -494,8 +508,7 @@ def write_status(p: Pass, status: Obj) -> None:
     if wait is not None:  # the Deployment controller's first report, moments away, queues the next pass
         p.requeue.append(wait)
         return
-    # A merge patch keeps what it does not name: drop optional fields that no longer apply explicitly.
-    patch = {**status, **{key: None for key in OPTIONAL_FIELDS if key in previous and key not in status}}
+    patch = status_patch(previous, status)  # with null for what no longer applies, nested keys too
     try:
         written = p.kube.patch_status(API_VERSION, KIND, PLURAL, p.namespace, p.name, patch)
     except KubeError as exc:
@@ -517,6 +530,21 @@ def write_status(p: Pass, status: Obj) -> None:
         p.event("Normal", "Scaled", scaled)
     for reason, message in failure_events(previous, status):
         p.event("Warning", reason, message)
+    flipped = slo_event(previous, status)
+    if flipped is not None:
+        type_, reason, message = flipped
+        log.info("Changed condition type=SLOUnmet event=%s name=%s namespace=%s", reason, p.name, p.namespace)
+        p.event(type_, reason, message)
+    blind = metrics_event(previous, status)  # KEDA's fallback holds the replicas, or it ended
+    if blind is not None:
+        type_, reason, message = blind
+        log.info(
+            "Changed condition type=ScalingMetricsUnavailable event=%s name=%s namespace=%s",
+            reason,
+            p.name,
+            p.namespace,
+        )
+        p.event(type_, reason, message)
 
 
 def namespace_terminating(exc: KubeError) -> bool:

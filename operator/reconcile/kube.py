@@ -3,12 +3,18 @@
 Built on the kubernetes client's ApiClient (authentication, TLS, kubeconfig) but speaking plain JSON, so
 any kind (core, apps, policy, KEDA's CRDs) goes through the same few calls. Every write is counted in
 `pagoda_operator_api_writes_total{kind,verb}`.
+
+The leader fence: with leader election, every write (apply, delete, status patch, create) goes through
+`_write`, which asks the `fence` (the elector's `holds_lease`) first and refuses with NotLeader when this
+replica may have lost the Lease, so a reconcile thread that outlives its leadership (the event loop
+stalled, the process paused) writes nothing. The elector renews the Lease through its own unfenced Kube.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import urllib3.exceptions
@@ -19,6 +25,7 @@ from pagoda.operator import metrics
 from pagoda.operator.resources.meta import FIELD_MANAGER
 
 REQUEST_TIMEOUT = (5.0, 30.0)
+log = logging.getLogger("pagoda.operator.kube")
 LIST_PAGE = 100  # objects per page of a paged list (a page of pods is about 1 MB of JSON)
 
 Obj = dict[str, Any]
@@ -46,6 +53,11 @@ class KubeError(Exception):
         return cls(int(exc.status or 0), reason, message)
 
 
+class NotLeader(Exception):
+    """A write (or a pass) refused: this replica may no longer hold the leader Lease (reconcile/leader.py).
+    Neither a KubeError nor an OSError, so that no caller that rides out a failed call swallows it."""
+
+
 class ApiUnreachable(ConnectionError):
     """The API server did not answer (connection refused or reset, a timeout) after the client's retries.
 
@@ -63,8 +75,23 @@ def resource_path(api_version: str, plural: str, namespace: str | None, name: st
 class Kube:
     """The calls the reconciler makes; one instance is shared by all worker threads."""
 
-    def __init__(self, api: ApiClient) -> None:
+    def __init__(self, api: ApiClient, fence: Callable[[], bool] | None = None) -> None:
+        """`fence`: True while this replica may write (the leader elector's `holds_lease`); None: always
+        (one replica, no leader election)."""
         self.api = api
+        self.fence = fence
+
+    def check_leader(self, what: str) -> None:
+        """Raise NotLeader unless this replica may write now: the one check before every pass and write."""
+        if self.fence is None or self.fence():
+            return
+        log.warning("Skipped %s: not leader (the lease may have been lost)", what)
+        raise NotLeader(what)
+
+    def _write(self, method: str, path: str, **call: Any) -> Obj:
+        """Every write's one way to the API server, behind the leader fence."""
+        self.check_leader(f"write {method} {path}")
+        return self._call(method, path, **call)
 
     def _call(
         self,
@@ -161,7 +188,7 @@ class Kube:
         """Server-side apply with our field manager, forcing conflicts (we are the controller)."""
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
-        result = self._call(
+        result = self._write(
             "PATCH",
             path,
             query=[("fieldManager", field_manager), ("force", "true")],
@@ -180,7 +207,7 @@ class Kube:
             "preconditions": {"uid": uid},
         }
         try:
-            self._call("DELETE", resource_path(api_version, plural, namespace, name), body=body)
+            self._write("DELETE", resource_path(api_version, plural, namespace, name), body=body)
         except KubeError as exc:
             if exc.status not in (404, 409):
                 raise
@@ -190,7 +217,7 @@ class Kube:
         self, api_version: str, kind: str, plural: str, namespace: str, name: str, status: Obj
     ) -> Obj:
         path = resource_path(api_version, plural, namespace, name) + "/status"
-        result = self._call(
+        result = self._write(
             "PATCH", path, body={"status": status}, content_type="application/merge-patch+json"
         )
         metrics.API_WRITES.labels(kind=kind, verb="patch_status").inc()
@@ -198,16 +225,17 @@ class Kube:
 
     def replace(self, manifest: Obj, plural: str) -> Obj:
         """PUT the whole object; with metadata.resourceVersion set, only if nobody changed it since (409).
-        Used for the leader Lease only, and not counted in the API writes: renewing it every few seconds is
-        not work on an InferenceService."""
+        Used for the leader Lease (through the elector's unfenced Kube) and the management key Secret's
+        rotation (reconcile/management.py, behind the leader fence), and not counted in the API writes:
+        renewing a Lease every few seconds is not work on an InferenceService."""
         meta = manifest["metadata"]
         path = resource_path(manifest["apiVersion"], plural, meta.get("namespace"), meta["name"])
-        return self._call("PUT", path, body=manifest)
+        return self._write("PUT", path, body=manifest)
 
     def create(self, manifest: Obj, plural: str, counted: bool = True) -> Obj:
         """POST a new object; `counted`: in the API writes (not for the leader Lease, see `replace`)."""
         meta = manifest["metadata"]
-        result = self._call(
+        result = self._write(
             "POST", resource_path(manifest["apiVersion"], plural, meta.get("namespace")), body=manifest
         )
         if counted:

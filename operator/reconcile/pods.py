@@ -26,8 +26,8 @@ _REASON = re.compile(r"^([A-Z][A-Za-z0-9]{1,62}): (.+)", re.DOTALL)
 MAX_DETAIL_CHARS = 2000
 # Waiting reasons of a container the kubelet cannot start, with what to change.
 _WAITING_HINTS = {
-    "ErrImagePull": "fix spec.runtime.image or the registry credentials",
-    "ImagePullBackOff": "fix spec.runtime.image or the registry credentials",
+    "ErrImagePull": "fix spec.runtime.image (or model.uri for oci://) or spec.runtime.imagePullSecrets",
+    "ImagePullBackOff": "fix spec.runtime.image (or model.uri for oci://) or spec.runtime.imagePullSecrets",
     "InvalidImageName": "fix spec.runtime.image",
     "CreateContainerConfigError": "create the Secret or key it names, or fix the reference in the spec",
     "CreateContainerError": "see the pod's events",

@@ -45,6 +45,10 @@ def secret_names(manifests: list[Obj]) -> list[str]:
             ref = volume.get("secret")
             if ref:
                 add(ref.get("secretName"), ref.get("optional"))
+        # A missing pull secret only earns a warning event: the kubelet pulls without it, and a private
+        # image then fails with ErrImagePull, which names no Secret.
+        for ref in pod.get("imagePullSecrets") or []:
+            add(ref.get("name"), False)
     return names
 
 

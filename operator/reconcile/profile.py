@@ -5,6 +5,11 @@ the kubelet keeps it in the pod's status (at most 4 KiB). A pass reads it when t
 status does not yet name that Job as finished: one list of the Job's pods, once per profile. Until then the
 status says Running; a Job that failed or ran past its deadline is Failed, with the runtime's reason (its
 termination message) or the Job controller's.
+
+A profile that met the SLO at no step has no `concurrency`; `lastMetConcurrency` then keeps the last one
+measured (the previous profile's `concurrency`, or its own `lastMetConcurrency`), and `slo_concurrency` gives
+metric SLO's target that, or 1 when no profile ever met the SLO: a tighter SLO never loosens the autoscaler
+(reconcile/slo.py reports it as the condition SLOUnmet).
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ FINISHED = ("Succeeded", "Failed")
 # `engine`, the tuned batch settings, loses its nulls: a field the choice leaves alone is absent).
 RESULT_KEYS = ("concurrency", "requestsPerSecond", "outputTokensPerSecond", "steps", "engine")
 # What a successful profile measured: kept through later profiles until another succeeds.
-MEASURED = (*RESULT_KEYS, "ttftMs", "interTokenMs", "measuredBy", "measuredAt")
+MEASURED = (*RESULT_KEYS, "ttftMs", "interTokenMs", "measuredBy", "measuredAt", "lastMetConcurrency")
+# metric SLO's base while the newest profile met the SLO at no step and none before it did.
+UNMET_CONCURRENCY = 1
 
 
 def profile_status(kube: Kube, namespace: str, job: Obj | None, previous: Obj | None) -> Obj | None:
@@ -53,12 +60,33 @@ def profile_status(kube: Kube, namespace: str, job: Obj | None, previous: Obj | 
     if fields.get("state") == "Failed":
         return _bounded({**status, **kept, **fields}, kept)
     measured = {"measuredBy": name, **({"measuredAt": finished_at} if finished_at else {})}
+    last_met = measured_concurrency(kept) or _count(kept.get("lastMetConcurrency"))
+    if measured_concurrency(fields) is None and last_met is not None:  # met at no step: keep the last
+        measured["lastMetConcurrency"] = last_met
     return _bounded({**status, **fields, **measured}, kept)
 
 
 def measured_concurrency(profile: Obj | None) -> int | None:
     """The concurrency per replica the last successful profile measured within the SLO, if any."""
-    value = (profile or {}).get("concurrency")
+    return _count((profile or {}).get("concurrency"))
+
+
+def slo_unmet(profile: Obj | None) -> bool:
+    """The newest successful profile met the SLO at no step (it measured, and found no concurrency)."""
+    return bool((profile or {}).get("measuredBy")) and measured_concurrency(profile) is None
+
+
+def slo_concurrency(profile: Obj | None) -> int | None:
+    """metric SLO's base (api/scaling.py slo_target), from status.profile: the concurrency the newest
+    successful profile measured within the SLO; when it met the SLO at no step, the last one measured
+    (lastMetConcurrency), else UNMET_CONCURRENCY; None before any profile measured (targetInFlight holds)."""
+    if not slo_unmet(profile):
+        return measured_concurrency(profile)
+    return _count((profile or {}).get("lastMetConcurrency")) or UNMET_CONCURRENCY
+
+
+def _count(value: Any) -> int | None:
+    """`value` when it is an int of at least 1 as JSON stores it (not a bool); None otherwise."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 

@@ -2,12 +2,13 @@
 
 No I/O. The pass gathers what it saw into an `Observed` (core.observe, the only step that makes calls) and
 `compute_status(owner, observed)` returns the complete status: the conditions (Ready, Progressing,
-Degraded, DisruptionTolerant), the replica counts, and the reports of the replicas, KEDA and the capacity
-profile (autoscaling, capacity, startup, modelCache, restarts, adapters, profile, and sizing from
-autoscaling and profile). A condition keeps its lastTransitionTime unless its status flips. What keeps
-replicas from being ready (`blocker`: pods on a lost node, a failing container, an unschedulable pod, pods
-the API server refuses, a stuck rollout) makes the service Degraded and is the Ready condition's reason
-while replicas are missing, so `kubectl get` shows it.
+Degraded, DisruptionTolerant, with spec.slo SLOUnmet, slo.py, and with spec.autoscaling
+ScalingMetricsUnavailable, scalingmetrics.py), the replica counts, and the reports of
+the replicas, KEDA and the capacity profile (autoscaling, capacity, startup, modelCache, restarts, adapters,
+profile, and sizing from autoscaling and profile). A condition keeps its lastTransitionTime unless its
+status flips. What keeps replicas from being ready (`blocker`: pods on a lost node, a failing container, an
+unschedulable pod, pods the API server refuses, a stuck rollout) makes the service Degraded and is the Ready
+condition's reason while replicas are missing, so `kubectl get` shows it.
 
 The conditions read the spec as stored (`owner["spec"]`), not the validated model: an invalid spec still gets
 a status, whose messages name the fields as the user wrote them.
@@ -20,12 +21,15 @@ from datetime import datetime
 from typing import Any
 
 from pagoda.operator.api.routing import waiting_room_seconds
+from pagoda.operator.api.status import METRICS_UNAVAILABLE, SLO_UNMET
 from pagoda.operator.reconcile.admission import replica_failure_issue
 from pagoda.operator.reconcile.nodes import lost_node_issue, lost_replicas
 from pagoda.operator.reconcile.pods import PodIssue, pods_issue
 from pagoda.operator.reconcile.scaling import autoscaling_status
+from pagoda.operator.reconcile.scalingmetrics import metrics_condition
 from pagoda.operator.reconcile.scheduling import unschedulable_issue
 from pagoda.operator.reconcile.sizing import sizing_status
+from pagoda.operator.reconcile.slo import slo_condition, status_condition
 from pagoda.operator.reconcile.startup import startup_status, typical_seconds
 from pagoda.operator.reconcile.times import parse_time
 
@@ -95,6 +99,14 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
         degraded_condition(deployment, problems, stop),
         disruption_condition(deployment, spec),
     ]
+    # An invalid spec looks at no profile: the last status.profile stands (`kept`), and SLOUnmet reads it.
+    profile = previous_status.get("profile") if "profile" in observed.kept else observed.profile
+    slo = slo_condition(spec, profile)
+    if slo is not None:
+        conditions.append(Condition(SLO_UNMET, *slo))
+    metrics = metrics_condition(observed.scaled_object, observed.hpa, parse_time(now))
+    if metrics is not None:
+        conditions.append(Condition(METRICS_UNAVAILABLE, *metrics))
     status: Obj = {
         "observedGeneration": generation,
         "conditions": [to_dict(c, previous.get(c.type), generation, now) for c in conditions],
@@ -116,7 +128,13 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
         "modelCache": observed.model_cache,
         "restarts": observed.restarts,
         "profile": observed.profile,
-        "sizing": sizing_status(spec, observed.profile, status.get("autoscaling"), status["readyReplicas"]),
+        "sizing": sizing_status(
+            spec,
+            observed.profile,
+            status.get("autoscaling"),
+            status["readyReplicas"],
+            observed.scaled_object,
+        ),
     }
     status.update({key: value for key, value in reports.items() if value is not None})
     status.update(observed.adapters)
@@ -154,10 +172,7 @@ def rollout_done(deployment: Obj) -> bool:
 
 
 def _deployment_condition(deployment: Obj | None, type_: str) -> Obj | None:
-    for cond in ((deployment or {}).get("status") or {}).get("conditions") or []:
-        if cond.get("type") == type_:
-            return dict(cond)
-    return None
+    return status_condition((deployment or {}).get("status") or {}, type_)
 
 
 def blocker(
@@ -343,6 +358,22 @@ OPTIONAL_FIELDS = (
     "profile",
     "sizing",
 )
+
+
+def status_patch(previous: Obj, status: Obj) -> Obj:
+    """The JSON merge patch that makes the stored status `status`: a merge patch keeps what it does not
+    name, so an optional field that no longer applies, and a key gone from a nested object (e.g.
+    status.profile.concurrency when a profile met the SLO at no step, status.sizing.inFlight during KEDA's
+    fallback), is named with null."""
+    patch = {**status, **{key: None for key in OPTIONAL_FIELDS if key in previous and key not in status}}
+    return {key: _removals(previous.get(key), value) for key, value in patch.items()}
+
+
+def _removals(previous: Any, value: Any) -> Any:
+    if not isinstance(previous, dict) or not isinstance(value, dict):
+        return value
+    gone = {key: None for key in previous if key not in value}
+    return {**{key: _removals(previous.get(key), item) for key, item in value.items()}, **gone}
 
 
 def status_changed(live: Obj | None, new: Obj) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from pagoda.operator.reconcile.core import Outcome
-from pagoda.operator.reconcile.kube import KubeError
+from pagoda.operator.reconcile.kube import KubeError, NotLeader
 from pagoda.operator.reconcile.podmemo import backoff
 
 log = logging.getLogger("pagoda.operator.workqueue")
@@ -83,6 +83,8 @@ async def work(
         key = await queue.get()
         try:
             outcome = await loop.run_in_executor(executor, reconcile, *key)
+        except NotLeader:
+            pass  # logged by the fence; not a failure to retry: the process exits, the new leader lists it
         except Exception as exc:  # a bug or an API outage must not stop the worker
             count = failures[key] = failures.get(key, 0) + 1
             delay = backoff(MIN_BACKOFF, MAX_BACKOFF, count)

@@ -53,6 +53,7 @@ def desired_children(
     profile_request: str | None = None,
     slo_concurrency: int | None = None,
     engine_choice: dict[str, Any] | None = None,
+    picker_cluster_role: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every child manifest the spec asks for, in apply order (no ownerReferences: the controller adds them).
 
@@ -69,10 +70,12 @@ def desired_children(
     typical cold start in seconds (status.startup.typical): how early a pre-warm window's replicas start, and
     how long the endpoint picker holds a request while no replica runs (unless the spec says).
     `profile_request`: the owner's pagoda.dev/profile annotation (a new value runs a new capacity profile;
-    resources/profile.py), whose Job comes last, with spec.slo only. `slo_concurrency`: the concurrency
-    per replica the last profile measured within spec.slo (status.profile), metric SLO's base.
+    resources/profile.py), whose Job comes last, with spec.slo only. `slo_concurrency`: metric SLO's
+    base, the concurrency per replica the last profile measured within spec.slo (reconcile/profile.py
+    slo_concurrency: the last one met, or 1, while the newest met the SLO at no step).
     `engine_choice`: the batch settings that profile chose (status.profile.engine), which the replicas run
     for the fields the spec leaves unset (with spec.slo.tuneEngine); the profile Job keeps the spec's own.
+    `picker_cluster_role`: the ClusterRole the endpoint picker is bound to (resources/routing.py).
     """
     template = chat_template_text(spec, chat_template)
     # The NetworkPolicies first: the pods are never up without them.
@@ -102,7 +105,7 @@ def desired_children(
         )
     if spec.monitoring.service_monitor.enabled:
         children.append(service_monitor(name, namespace, spec))
-    children += routing_children(name, namespace, spec, typical_start)
+    children += routing_children(name, namespace, spec, typical_start, picker_cluster_role)
     job = profile_job(name, namespace, spec, default_image, chat_template, profile_request)  # the spec's own
     return children + ([job] if job is not None else [])
 

@@ -47,7 +47,10 @@ def runtime_args(spec: InferenceServiceSpec, management: bool = False) -> list[s
         if spec.lora.max_cpu_loras is not None:
             args += ["--max-cpu-loras", str(spec.lora.max_cpu_loras)]
     args += ["--drain-timeout", str(spec.runtime.drain_timeout_seconds), "--cache-dir", CACHE_DIR]
-    args += ["--stall-timeout", str(spec.runtime.stall_timeout_seconds)]
+    if spec.runtime.stall_timeout_seconds is not None:  # else the runtime's default, scaled to the engine
+        args += ["--stall-timeout", str(spec.runtime.stall_timeout_seconds)]
+    if spec.runtime.max_request_body_bytes is not None:  # else the runtime's default
+        args += ["--max-request-body-bytes", str(spec.runtime.max_request_body_bytes)]
     if spec.model.node_cache and spec.model.cache and spec.model.cache.size is not None:
         bound = parse_quantity(str(spec.model.cache.size))  # type: ignore[no-untyped-call]
         args += ["--cache-max-bytes", str(int(bound))]

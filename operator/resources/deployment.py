@@ -37,7 +37,7 @@ def deployment(
 ) -> dict[str, Any]:
     """The runtime Deployment. Autoscaled: no spec.replicas at all, so KEDA's HPA alone owns the field.
     `chat_template`, `management`: see pod_template."""
-    template = pod_template(name, spec, default_image, chat_template, management)
+    template = pod_template(name, namespace, spec, default_image, chat_template, management)
     if stamps.restarted_at is not None:
         annotations = template["metadata"].setdefault("annotations", {})
         annotations[RESTARTED_AT_ANNOTATION] = stamps.restarted_at

@@ -4,7 +4,9 @@ Every call the operator makes to a pod's management API (the adapters endpoints)
 operator's private key (reconcile/management.py); the pods check it against the public key in this
 ConfigMap, mounted read-only (runtime/management.py). Only a public key: nothing in the user's namespace can
 sign. The runtime reads the file at each call, so a new operator key reaches running pods as the kubelet
-updates the volume (about a minute), without a restart: the key is not part of the pod template.
+updates the volume (about a minute), without a restart: the key is not part of the pod template. During a
+rotation of the operator's key the file holds two public keys, one PEM block after the other, the key it
+signs with first (reconcile/management.py KeyRing.public_pem); the runtime accepts either.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def management_config_map_name(name: str) -> str:
 
 
 def management_config_map(name: str, namespace: str, public_key: str) -> dict[str, Any]:
+    """`public_key`: one PEM public key, or several one after the other (a rotation)."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -7,11 +7,14 @@ from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.model import NODE_CACHE_ROOT
+from pagoda.operator.api.rules import API_KEY_ENV, WRITABLE_ENV
 from pagoda.runtime.contract import (
     CACHE_DIR,
     HTTP_PORT,
     IMAGE_MODEL_DIR,
     MODELS_DIR,
+    POD_IP_ENV,
+    POD_UID_ENV,
     PORT_NAME,
     TERMINATION_MESSAGE_ENV,
     TERMINATION_MESSAGE_PATH,
@@ -36,36 +39,31 @@ PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod befo
 # never needs SIGKILL.
 GRACE_MARGIN_SECONDS = 50
 RUN_AS_USER = 65532  # the runtime images' user (runtime/Dockerfile, runtime/Dockerfile.cpu)
-# The root filesystem is read-only: everything the runtime, vLLM, torch and the Hugging Face libraries write
-# goes to the model cache volume, whatever image runs (a user's own too). A variable the user sets wins.
-WRITABLE_ENV = {
-    "HOME": CACHE_DIR,
-    "TMPDIR": CACHE_DIR,
-    "XDG_CACHE_HOME": f"{CACHE_DIR}/xdg",
-    "VLLM_CACHE_ROOT": f"{CACHE_DIR}/vllm",
-    "HF_HOME": f"{CACHE_DIR}/hf",
-    "TORCHINDUCTOR_CACHE_DIR": f"{CACHE_DIR}/torchinductor",
-    "TRITON_CACHE_DIR": f"{CACHE_DIR}/triton",
-    "NUMBA_CACHE_DIR": f"{CACHE_DIR}/numba",
-}
 # How often the kubelet asks a loading runtime whether it is ready. The pod turns Ready at the first probe
 # after the model is loaded (the kubelet runs the readiness probe at once after the startup probe passes),
 # so half the period is what a start waits on average: status.startup's `readiness` phase was 6.1 s at 10 s
 # and 0 at 2 s (e2e, real node); one GET of /readyz every 2 s costs the runtime nothing.
 STARTUP_PERIOD_SECONDS = 2
-NAMESPACE_ENV = {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+# Which pod the runtime is (the downward API), for a pod that mounts the operator's public key: the runtime
+# accepts only management calls signed for its own UID and addressed to its own IP (runtime/management.py).
+IDENTITY_ENV = [
+    {"name": POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+    {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+]
 
 
 def pod_template(
     name: str,
+    namespace: str,
     spec: InferenceServiceSpec,
     default_image: str,
     chat_template: str | None = None,
     management: bool = False,
 ) -> dict[str, Any]:
-    """`chat_template`: the template read from the ConfigMap spec.engine.chatTemplate.configMap names (an
-    inline one is in the spec). `management`: mount the operator's public key (resources/management.py),
-    without which the runtime's management API answers 403."""
+    """`namespace`: the object's, which names its node cache folder. `chat_template`: the template read
+    from the ConfigMap spec.engine.chatTemplate.configMap names (an inline one is in the spec). `management`:
+    mount the operator's public key (resources/management.py), without which the runtime's management API
+    answers 403."""
     pod: dict[str, Any] = {
         "enableServiceLinks": False,  # a Service named vllm would inject VLLM_PORT, which vLLM misreads
         # The runtime never calls the Kubernetes API: a token in the pod would only be something to steal.
@@ -80,7 +78,7 @@ def pod_template(
         },
         "containers": [container(spec, default_image, management)],
         **_cache_owner(spec, default_image),
-        "volumes": volumes(name, spec, management),
+        "volumes": volumes(name, namespace, spec, management),
         "tolerations": tolerations(spec),
     }
     node_selector = dict(spec.scheduling.node_selector)
@@ -92,6 +90,8 @@ def pod_template(
         pod["affinity"] = spec.scheduling.affinity
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
+    if spec.runtime.image_pull_secrets:  # the runtime image's, and an oci:// model's (an image volume)
+        pod["imagePullSecrets"] = [{"name": secret.name} for secret in spec.runtime.image_pull_secrets]
     metadata: dict[str, Any] = {"labels": labels(name)}
     template = chat_template_text(spec, chat_template)
     if template is not None:  # the engine reads it once, at start: a new template rolls the pods
@@ -131,17 +131,15 @@ def container(spec: InferenceServiceSpec, default_image: str, management: bool =
     }
     if runtime.image_pull_policy:
         result["imagePullPolicy"] = runtime.image_pull_policy
+    # Every name the operator sets here is in rules.OPERATOR_ENV, which spec.runtime.env may not redefine.
     env: list[dict[str, Any]] = [{"name": TERMINATION_MESSAGE_ENV, "value": TERMINATION_MESSAGE_PATH}]
-    if spec.model.node_cache:
-        env.append(copy.deepcopy(NAMESPACE_ENV))
-    own = {var.name for var in runtime.env}
-    env += [{"name": name, "value": value} for name, value in WRITABLE_ENV.items() if name not in own]
+    if management:
+        env += copy.deepcopy(IDENTITY_ENV)
+    env += [{"name": name, "value": value} for name, value in WRITABLE_ENV.items()]
     env += [var.model_dump(by_alias=True, exclude_none=True) for var in runtime.env]
     if runtime.api_key_secret:
         ref = runtime.api_key_secret
-        env.append(
-            {"name": "PAGODA_API_KEY", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        )
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     result["env"] = env
     if spec.model.credentials_secret:
         result["envFrom"] = [{"secretRef": {"name": spec.model.credentials_secret}}]
@@ -189,7 +187,7 @@ def tolerations(spec: InferenceServiceSpec) -> list[dict[str, Any]]:
 
 
 def volume_mounts(spec: InferenceServiceSpec, management: bool = False) -> list[dict[str, Any]]:
-    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, _cache_mount(spec)]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}, _cache_mount()]
     claim = spec.model.pvc_claim
     if claim:
         mounts.append({"name": "model-source", "mountPath": f"{MODELS_DIR}/{claim}", "readOnly": True})
@@ -215,11 +213,13 @@ def adapter_claims(spec: InferenceServiceSpec) -> list[tuple[str, str]]:
     return [(f"adapter-source-{i}", claim) for i, claim in enumerate(claims)]
 
 
-def volumes(name: str, spec: InferenceServiceSpec, management: bool = False) -> list[dict[str, Any]]:
+def volumes(
+    name: str, namespace: str, spec: InferenceServiceSpec, management: bool = False
+) -> list[dict[str, Any]]:
     shm: dict[str, Any] = {"medium": "Memory"}
     if spec.resources.shared_memory_size is not None:
         shm["sizeLimit"] = canonical(spec.resources.shared_memory_size)
-    result: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": shm}, _cache_volume(name, spec)]
+    result: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": shm}, _cache_volume(name, namespace, spec)]
     claim = spec.model.pvc_claim
     if claim:
         result.append(
@@ -243,11 +243,18 @@ def volumes(name: str, spec: InferenceServiceSpec, management: bool = False) -> 
     return result
 
 
-def _cache_mount(spec: InferenceServiceSpec) -> dict[str, Any]:
-    mount = {"name": "model-cache", "mountPath": CACHE_DIR}
-    if spec.model.node_cache:  # the namespace's own folder: a model fetched with one namespace's credentials
-        mount["subPathExpr"] = f"$({NAMESPACE_ENV['name']})"  # is not readable from another's pods
-    return mount
+def _cache_mount() -> dict[str, Any]:
+    return {"name": "model-cache", "mountPath": CACHE_DIR}
+
+
+def node_cache_host_path(namespace: str) -> dict[str, str]:
+    """The namespace's own folder on the node, which the operator names from the object's namespace: a model
+    fetched with one namespace's credentials is not readable from another's pods. Nothing in the pod (no
+    variable, no subPathExpr) can move the mount elsewhere under NODE_CACHE_ROOT; the API server already
+    refuses a namespace name with a '/' or '..'."""
+    if not namespace or "/" in namespace or namespace in (".", ".."):
+        raise ValueError(f"namespace {namespace!r} cannot name a node cache folder")
+    return {"path": f"{NODE_CACHE_ROOT}/{namespace}", "type": "DirectoryOrCreate"}
 
 
 def _cache_owner(spec: InferenceServiceSpec, default_image: str) -> dict[str, Any]:
@@ -261,8 +268,7 @@ def _cache_owner(spec: InferenceServiceSpec, default_image: str) -> dict[str, An
         "name": "cache-owner",
         "image": spec.runtime.image or default_image,
         "command": ["chown", owner, CACHE_DIR],
-        "env": [copy.deepcopy(NAMESPACE_ENV)],
-        "volumeMounts": [_cache_mount(spec)],
+        "volumeMounts": [_cache_mount()],
         "resources": {"limits": {"memory": "32Mi"}, "requests": {"cpu": "10m", "memory": "32Mi"}},
         "securityContext": {
             "runAsUser": 0,
@@ -278,10 +284,10 @@ def _cache_owner(spec: InferenceServiceSpec, default_image: str) -> dict[str, An
     return {"initContainers": [init]}
 
 
-def _cache_volume(name: str, spec: InferenceServiceSpec) -> dict[str, Any]:
+def _cache_volume(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[str, Any]:
     cache = spec.model.cache
     if spec.model.node_cache:
-        return {"name": "model-cache", "hostPath": {"path": NODE_CACHE_ROOT, "type": "DirectoryOrCreate"}}
+        return {"name": "model-cache", "hostPath": node_cache_host_path(namespace)}
     if cache is not None and cache.pvc:
         return {"name": "model-cache", "persistentVolumeClaim": {"claimName": cache.pvc}}
     if cache is not None and cache.size is not None and cache.storage_class:

@@ -62,7 +62,7 @@ def profile_job(
         return None
     if spec.runtime.tls is not None:  # its server listens on loopback for the profile alone: plain HTTP
         spec = spec.model_copy(update={"runtime": spec.runtime.model_copy(update={"tls": None})})
-    template = pod_template(name, spec, default_image, chat_template)
+    template = pod_template(name, namespace, spec, default_image, chat_template)
     pod = template["spec"]
     pod["restartPolicy"] = "Never"
     runtime = pod["containers"][0]

@@ -65,20 +65,36 @@ def picker_metadata(name: str, namespace: str) -> dict[str, Any]:
 
 
 def routing_children(
-    name: str, namespace: str, spec: InferenceServiceSpec, typical_start: float | None = None
+    name: str,
+    namespace: str,
+    spec: InferenceServiceSpec,
+    typical_start: float | None = None,
+    picker_cluster_role: str | None = None,
 ) -> list[dict[str, Any]]:
     """Every routing object spec.routing asks for, in apply order: the picker's identity and config before
     its Deployment, the pool before the route that points at it. `typical_start`: the service's typical
     cold start in seconds (status.startup.typical), which sizes the picker's waiting room unless the spec
-    sets it (api/routing.py waiting_room_seconds)."""
+    sets it (api/routing.py waiting_room_seconds). `picker_cluster_role`: the ClusterRole the chart installs
+    with PICKER_CLUSTER_RULES (--picker-cluster-role), bound in the service's namespace only; without it the
+    picker gets a Role of its own (picker_rules), which the operator may grant only if it holds every rule
+    of it in that namespace."""
     routing = spec.routing
     if routing is None:
         return []
     wait = waiting_room_seconds(routing.endpoint_picker.queue_timeout_seconds, typical_start)
+    if picker_cluster_role is not None:
+        identity = [
+            service_account(name, namespace),
+            shared_role_binding(name, namespace, picker_cluster_role),
+        ]
+    else:
+        identity = [
+            service_account(name, namespace),
+            role(name, namespace, routing.endpoint_picker.replicas),
+            role_binding(name, namespace),
+        ]
     children = [
-        service_account(name, namespace),
-        role(name, namespace, routing.endpoint_picker.replicas),
-        role_binding(name, namespace),
+        *identity,
         config_map(name, namespace, spec, wait),
         picker_deployment(name, namespace, spec, wait),
         picker_service(name, namespace),
@@ -343,6 +359,18 @@ def picker_rules(name: str, namespace: str, replicas: int) -> list[dict[str, Any
     return [*PICKER_RULES, lease, *LEADER_RULES]
 
 
+# The chart's ClusterRole for every picker (`<release>-endpoint-picker`), bound by a RoleBinding in each
+# routed service's namespace: what picker_rules grants, with `get` and `update` on every Lease of that
+# namespace, not only the pool's own (a ClusterRole cannot name a Lease per pool). The operator then holds
+# no Lease permission outside its own namespace: the chart grants it `bind` on this one ClusterRole instead,
+# which RBAC's escalation check accepts in place of holding the rules themselves.
+PICKER_CLUSTER_RULES: list[dict[str, Any]] = [
+    *PICKER_RULES,
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+]
+
+
 def role(name: str, namespace: str, replicas: int = 1) -> dict[str, Any]:
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -358,6 +386,21 @@ def role_binding(name: str, namespace: str) -> dict[str, Any]:
         "kind": "RoleBinding",
         "metadata": picker_metadata(name, namespace),
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": picker_name(name)},
+        "subjects": [{"kind": "ServiceAccount", "name": picker_name(name), "namespace": namespace}],
+    }
+
+
+def shared_role_binding(name: str, namespace: str, cluster_role: str) -> dict[str, Any]:
+    """The picker's ServiceAccount bound to the chart's ClusterRole in this namespace. Its own name
+    (`<name>-epp-shared`): a RoleBinding's roleRef cannot change, so the binding to the picker's own Role
+    (an operator run without --picker-cluster-role, or before it) is pruned and this one created beside."""
+    meta = picker_metadata(name, namespace)
+    meta["name"] = f"{picker_name(name)}-shared"
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": meta,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
         "subjects": [{"kind": "ServiceAccount", "name": picker_name(name), "namespace": namespace}],
     }
 

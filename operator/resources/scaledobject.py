@@ -5,7 +5,10 @@ When the metrics vanish (Prometheus down, or the pods' scrape failing, so that a
 the service keeps its replicas: the replicas' own triggers count an empty answer as a failure
 (`ignoreNullValues: "false"`; KEDA's default reads it as 0, and scales to the minimum under full load), and
 after FALLBACK_FAILURES failed polls in a row KEDA's fallback holds the current replica count (at least the
-minimum) until the queries answer again.
+minimum) until the queries answer again. A service with no pod at all (at zero, routed) has no series
+either, and that is no load, not an outage: the replicas' queries answer 0 while Prometheus has no scrape
+target of the service (`_zero_without_targets`); otherwise KEDA's fallback would start a replica of an idle
+service at zero about once a minute.
 
 Pre-warming (spec.autoscaling.schedule): each daily window becomes a KEDA cron trigger that asks for the
 window's minReplicas from `warm-up` minutes before it opens until it closes; the HPA takes the largest of
@@ -74,20 +77,28 @@ def _series(metric: str, name: str, namespace: str) -> str:
     return f'{metric}{{namespace="{namespace}",service="{name}"}}'
 
 
+def _zero_without_targets(query: str, name: str, namespace: str) -> str:
+    """`query`, or 0 while Prometheus has no scrape target of the service's pods (no `up` series with its
+    labels: no pod runs, or none is discovered yet). A pod whose scrapes fail still has its target, `up` 0,
+    so its missing series stay an empty answer: KEDA's failure, then its fallback."""
+    return f"({query}) or on() (0 * absent({_series('up', name, namespace)}))"
+
+
 def in_flight_query(name: str, namespace: str) -> str:
-    """Requests running plus waiting, summed over the pods."""
+    """Requests running plus waiting, summed over the pods (0 without pods)."""
     running = _series(RUNNING_REQUESTS_METRIC, name, namespace)
     waiting = _series(QUEUE_DEPTH_METRIC, name, namespace)
-    return f"sum({running}) + sum({waiting})"
+    return _zero_without_targets(f"sum({running}) + sum({waiting})", name, namespace)
 
 
 def queue_depth_query(name: str, namespace: str) -> str:
-    """Requests waiting for a place in the batch, summed over the pods."""
-    return f"sum({_series(QUEUE_DEPTH_METRIC, name, namespace)})"
+    """Requests waiting for a place in the batch, summed over the pods (0 without pods)."""
+    return _zero_without_targets(f"sum({_series(QUEUE_DEPTH_METRIC, name, namespace)})", name, namespace)
 
 
 def kv_cache_query(name: str, namespace: str) -> str:
-    return f"max({_series(KV_CACHE_USAGE_METRIC, name, namespace)})"
+    """The fullest pod's KV-cache usage (0 without pods)."""
+    return _zero_without_targets(f"max({_series(KV_CACHE_USAGE_METRIC, name, namespace)})", name, namespace)
 
 
 def picker_queue_query(name: str, namespace: str) -> str:
@@ -127,8 +138,9 @@ def scaled_object(
     """With `routed` (spec.routing), a second trigger on the picker's queue: requests held there count
     toward the same per-replica target, and one held request starts the first replica (minReplicas 0).
     `typical_start`: the service's typical cold start in seconds (status.startup), the schedule's warm-up;
-    `slo_concurrency`: the concurrency its capacity profile measured within spec.slo (status.profile),
-    metric SLO's base."""
+    `slo_concurrency`: the concurrency its capacity profile measured within spec.slo (status.profile;
+    while the newest profile met it at no step, the last one measured, or 1: never targetInFlight's
+    default once a profile has measured), metric SLO's base."""
     target = autoscaling.target_per_replica(slo_concurrency)
     triggers: list[dict[str, Any]] = [_load_trigger(name, namespace, autoscaling, target)]
     if routed:

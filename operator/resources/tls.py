@@ -5,11 +5,16 @@ kubelet swaps the files in when cert-manager renews the certificate (it never up
 the runtime reloads them (runtime/tls.py). The Secret's name is in
 the pod template: naming another Secret rolls the pods, a renewed certificate in the same Secret does not.
 What talks to the pods follows the pods themselves, not the spec: during a rollout that turns TLS on or off,
-old and new pods differ, and each is called the way its probes are.
+old and new pods differ, and each is called the way its probes are. Whoever verifies the pods' certificate
+checks it against the Secret's ca.crt and the Service's DNS name, which the certificate must carry (the pod
+IP it connects to is not in it): Prometheus (scrape_tls) and the operator itself (pod_tls), which refuses to
+call a pod it has no CA for rather than call it unverified, unless the spec says insecureSkipVerify.
 """
 
 from __future__ import annotations
 
+import ssl
+from dataclasses import dataclass
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceSpec
@@ -72,3 +77,64 @@ def pod_scheme(pod: dict[str, Any]) -> str:
             probe = container.get("startupProbe") or container.get("readinessProbe") or {}
             return "https" if (probe.get("httpGet") or {}).get("scheme") == "HTTPS" else "http"
     return "http"
+
+
+SPEC_TLS = "spec.runtime.tls"
+FIX = f"add the issuing CA as {TLS_CA_KEY}, or set {SPEC_TLS}.insecureSkipVerify (docs/security.md#tls)"
+
+
+@dataclass(frozen=True)
+class PodTls:
+    """How the operator calls one service's pods over TLS: through `context`, checking their certificate for
+    `server_name` (sent as SNI too) unless `verified` is False (spec.runtime.tls.insecureSkipVerify); or not
+    at all, for the reason in `refused`."""
+
+    server_name: str
+    context: ssl.SSLContext | None = None
+    verified: bool = True
+    refused: str | None = None
+
+
+def pod_tls(
+    namespace: str, name: str, tls: dict[str, Any] | None, ca: str | None, unreadable: str | None
+) -> PodTls:
+    """The operator's choice for the TLS pods of InferenceService `name`, from its spec.runtime.tls (as
+    stored: camelCase) and what reading that Secret gave: its `ca.crt` (`ca`), or why it could not be read
+    (`unreadable`). The pods' certificate is verified as Prometheus verifies it (scrape_tls): against the
+    Secret's CA, for the Service's DNS name. Without a CA the calls are refused, not made unverified, unless
+    the spec says insecureSkipVerify."""
+    server_name = service_dns_name(name, namespace)
+    if tls is None:
+        return PodTls(
+            server_name, refused=f"{SPEC_TLS} is unset, so the operator has no CA for this pod's TLS"
+        )
+    if tls.get("insecureSkipVerify"):
+        return PodTls(server_name, unverified_context(), verified=False)
+    secret = f"Secret {namespace}/{tls.get('secretName')}"
+    if unreadable is not None:
+        return PodTls(server_name, refused=f"cannot read {secret} for its {TLS_CA_KEY}: {unreadable}; {FIX}")
+    if not ca:
+        return PodTls(server_name, refused=f"{secret} has no {TLS_CA_KEY} to verify the pods against; {FIX}")
+    try:
+        return PodTls(server_name, verifying_context(ca))
+    except (ssl.SSLError, ValueError) as exc:
+        return PodTls(
+            server_name, refused=f"the {TLS_CA_KEY} of {secret} is not a PEM certificate ({exc}); {FIX}"
+        )
+
+
+def verifying_context(ca: str) -> ssl.SSLContext:
+    """A client context that trusts only `ca` (PEM, one or more certificates) and checks the server name."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and check_hostname
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_verify_locations(cadata=ca)
+    return context
+
+
+def unverified_context() -> ssl.SSLContext:
+    """Encrypted but not authenticated: only with insecureSkipVerify."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context

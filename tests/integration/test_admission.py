@@ -18,7 +18,9 @@ from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.api.rules import MSG_ADAPTER_SERVED_NAME
 from pagoda.operator.reconcile.problems import INVALID_SPEC_PREFIX, invalid_spec
+from pagoda.runtime.contract import IMAGE_MODEL_NAME
 from tests.repo import REPO
 
 # Autoscaling needs a metrics source: the ServiceMonitor the operator writes.
@@ -126,9 +128,49 @@ INVALID: list[tuple[str, dict[str, Any], list[str]]] = [
     ("lora-rank-not-vllm", {"lora": {"maxLoraRank": 48}}, ["spec.lora.maxLoraRank"]),
     ("lora-cpu-below-gpu", {"lora": {"maxLoras": 2, "maxCpuLoras": 1}}, ["spec.lora.maxCpuLoras"]),
     (
+        "pull-secret-not-a-name",
+        {"runtime": {"imagePullSecrets": [{"name": "Reg_Cred"}]}},
+        ["spec.runtime.imagePullSecrets[0].name"],
+    ),
+    (
+        "pull-secrets-repeat",
+        {"runtime": {"imagePullSecrets": [{"name": "regcred"}, {"name": "regcred"}]}},
+        ["spec.runtime.imagePullSecrets[1]"],
+    ),
+    (
+        "body-limit-too-small",
+        {"runtime": {"maxRequestBodyBytes": 1023}},
+        ["spec.runtime.maxRequestBodyBytes"],
+    ),
+    (
         "restart-window-not-a-clock",
         {"restartSchedule": {"every": "1h", "window": {"start": "2am", "end": "05:00"}}},
         ["spec.restartSchedule.window.start"],
+    ),
+    (
+        "vllm-dev-mode-in-env",
+        {"runtime": {"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}},
+        ["spec.runtime.env[0].name", "VLLM_SERVER_DEV_MODE is not allowed"],
+    ),
+    (
+        "vllm-runtime-lora-updating-in-env",
+        {
+            "runtime": {
+                "env": [
+                    {"name": "LOG", "value": "1"},
+                    {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"},
+                ]
+            }
+        },
+        ["spec.runtime.env[1].name", "VLLM_ALLOW_RUNTIME_LORA_UPDATING is not allowed"],
+    ),
+    (
+        "pod-namespace-in-env",  # it chose which namespace's node cache folder a pod mounted (issue #40 §5)
+        {
+            "model": {"cache": {"scope": "Node"}},
+            "runtime": {"env": [{"name": "POD_NAMESPACE", "value": "kube-system"}]},
+        },
+        ["spec.runtime.env[0].name", "POD_NAMESPACE is not allowed"],
     ),
 ]
 
@@ -170,6 +212,20 @@ RULE_BREAKERS: list[tuple[str, dict[str, Any]]] = [
         "restart-window-empty",
         {"restartSchedule": {"every": "1h", "window": {"start": "03:00", "end": "03:00"}}},
     ),
+    ("vllm-dev-mode-in-env", {"runtime": {"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}}),
+    (
+        "vllm-runtime-lora-updating-from-a-config-map",
+        {
+            "runtime": {
+                "env": [
+                    {
+                        "name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+                        "valueFrom": {"configMapKeyRef": {"name": "flags", "key": "lora"}},
+                    }
+                ]
+            }
+        },
+    ),
 ]
 
 
@@ -200,7 +256,8 @@ def test_a_valid_spec_is_accepted(crd: None, cluster_api: Any, namespace: str) -
     lora = {
         "lora": {"maxLoras": 2, "maxLoraRank": 64, "adapters": [{"name": "sql", "uri": "pvc://adapters/sql"}]}
     }
-    for overrides in ({}, AUTO, priced, restarted, {"restartSchedule": {"every": "1m"}}, lora):
+    private = {"runtime": {"imagePullSecrets": [{"name": "regcred"}], "maxRequestBodyBytes": 1024**3}}
+    for overrides in ({}, AUTO, priced, restarted, {"restartSchedule": {"every": "1m"}}, lora, private):
         created = api.create_namespaced_custom_object(
             GROUP,
             VERSION,
@@ -227,3 +284,64 @@ def test_every_example_is_accepted_by_the_api_server(
         GROUP, VERSION, namespace, PLURAL, body, dry_run="All", field_validation="Strict"
     )
     assert created["spec"] == body["spec"]
+
+
+# The name a model is served under when spec.model.servedName is unset (runtime/contract.py), on each scheme:
+# (id, model URI, an adapter named like it), which every pod would refuse (the runtime's --lora check).
+SERVED_NAME_CLASHES: list[tuple[str, str, str]] = [
+    ("file", "file:///models/tiny/", "tiny"),
+    ("pvc-path", "pvc://models/llama/8b-instruct", "8b-instruct"),
+    ("pvc-claim-only", "pvc://llama", "llama"),
+    ("oci", "oci://registry.example/models/llama:3.1", IMAGE_MODEL_NAME),
+    ("hf-one-part", "hf://gpt2", "gpt2"),
+    ("hf-one-part-slash", "hf://gpt2/", "gpt2"),
+    ("s3-deep-prefix-slash", "s3://my-bucket/llama/3.1/8b-instruct/", "8b-instruct"),
+]
+# The same URIs with an adapter named like another part of them (hf://org/name serves org/name, which no
+# adapter name can be): admitted.
+SERVED_NAME_NEIGHBOURS: list[tuple[str, str, str]] = [
+    ("file", "file:///models/tiny/", "models"),
+    ("pvc-path", "pvc://models/llama/8b-instruct", "llama"),
+    ("oci", "oci://registry.example/models/llama:3.1", "llama"),
+    ("hf-two-parts", "hf://org/name", "name"),
+    ("s3-deep-prefix", "s3://my-bucket/llama/3.1/8b-instruct/", "3.1"),
+]
+
+
+def _served_name_spec(uri: str, adapter: str) -> dict[str, Any]:
+    return {
+        "model": {"uri": uri, "servedName": None},
+        "lora": {
+            "maxLoras": 2,
+            "adapters": [{"name": "sql", "uri": "hf://o/sql"}, {"name": adapter, "uri": "hf://o/a"}],
+        },
+    }
+
+
+@pytest.mark.parametrize(("uri", "adapter"), [pytest.param(u, a, id=i) for i, u, a in SERVED_NAME_CLASHES])
+def test_an_adapter_named_like_the_derived_served_name_is_refused_by_both(
+    crd: None, cluster_api: Any, namespace: str, uri: str, adapter: str
+) -> None:
+    """The API server's CEL and the operator's models refuse it, with the same message (issue #40 §6: the
+    rule compared adapters with the whole URI, so this passed admission and failed in every pod)."""
+    body = manifest("bad", namespace, **_served_name_spec(uri, adapter))
+    with pytest.raises(ApiException) as caught:
+        client.CustomObjectsApi(cluster_api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, body, dry_run="All", field_validation="Strict"
+        )
+    admission = json.loads(caught.value.body)["message"]
+    assert "spec.lora.adapters" in admission and MSG_ADAPTER_SERVED_NAME in admission, admission
+    with pytest.raises(ValidationError) as invalid:
+        InferenceServiceSpec.model_validate(body["spec"])
+    assert admission.endswith(f": {invalid_spec(invalid.value).message.removeprefix(INVALID_SPEC_PREFIX)}")
+
+
+@pytest.mark.parametrize(("uri", "adapter"), [pytest.param(u, a, id=i) for i, u, a in SERVED_NAME_NEIGHBOURS])
+def test_an_adapter_named_like_another_part_of_the_uri_is_admitted_by_both(
+    crd: None, cluster_api: Any, namespace: str, uri: str, adapter: str
+) -> None:
+    body = manifest("ok", namespace, **_served_name_spec(uri, adapter))
+    client.CustomObjectsApi(cluster_api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, PLURAL, body, dry_run="All", field_validation="Strict"
+    )
+    InferenceServiceSpec.model_validate(body["spec"])

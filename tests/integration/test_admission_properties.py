@@ -19,7 +19,7 @@ import re
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from isvc import GROUP, PLURAL, VERSION
 from kubernetes import client, dynamic
@@ -28,7 +28,9 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from pydantic import ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec, error_messages
+from pagoda.operator.api.rules import MODEL_URI_PATTERN, MSG_ADAPTER_SERVED_NAME
 from pagoda.operator.resources import desired_children
+from pagoda.runtime.contract import IMAGE_MODEL_NAME, default_served_name
 from tests.repo import REPO
 
 CRD = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
@@ -260,3 +262,57 @@ def test_one_broken_field_is_refused_by_both_naming_it(crd: None, cluster_api: A
         assert parsed is None and any(f.startswith(field) for f in _fields(messages)), (field, messages)
 
     check()
+
+
+# The served-name rule (runtime/contract.py) on every scheme: model URIs built from parts that make each path
+# rule come up (empty parts, '.', '..', trailing slashes, dotted names), without spec.model.servedName, and
+# adapters named from the same parts.
+_NAMES = ["tiny", "models", "a.b", "x-1", "c", IMAGE_MODEL_NAME, "gpt2"]
+_PATH = st.lists(st.sampled_from([*_NAMES, ".", "..", ""]), max_size=4).map("/".join)
+SERVED_NAME_URIS = st.one_of(
+    st.builds(lambda p, end: f"file:///{p}{end}", _PATH, st.sampled_from(["", "/", "/."])),
+    st.builds(lambda c, p: f"pvc://{c}/{p}", st.sampled_from(["c", "models"]), _PATH),
+    st.sampled_from(["pvc://c", "pvc://tiny", "oci://registry.example/models/tiny:1"]),
+    st.builds(lambda p, end: f"s3://my-bucket/{p}{end}", _PATH.filter(bool), st.sampled_from(["", "/"])),
+    st.builds(
+        lambda org, name, end: f"hf://{org}{name}{end}",
+        st.sampled_from(["gpt2", "org", "a.b"]),
+        st.sampled_from(["", "/tiny", "/x-1"]),
+        st.sampled_from(["", "/"]),
+    ),
+)
+
+
+def test_api_server_and_pydantic_agree_on_the_served_name_on_every_scheme(
+    crd: None, cluster_api: Any, namespace: str
+) -> None:
+    """The API server's CEL spelling of the rule and the operator's (the contract's Python) refuse the same
+    adapters: those named like the name the runtime would serve the model under, and no others."""
+    api = client.CustomObjectsApi(cluster_api)
+
+    @settings(COMMON, max_examples=80)
+    @given(SERVED_NAME_URIS, st.lists(st.sampled_from(_NAMES), min_size=1, max_size=2, unique=True))
+    @example("file:///models/tiny/.", ["tiny"])
+    @example("pvc://c", ["x-1", "c"])
+    @example("oci://registry.example/models/tiny:1", [IMAGE_MODEL_NAME])
+    @example("s3://my-bucket/models/a.b/", ["a.b"])
+    @example("hf://gpt2/", ["gpt2"])
+    def check(uri: str, names: list[str]) -> None:
+        adapters = [{"name": name, "uri": f"pvc://adapters/{name}"} for name in names]
+        spec = {"model": {"uri": uri}, "resources": {"gpu": {"count": 1}}}
+        spec["lora"] = {"maxLoras": 2, "adapters": adapters}
+        refused = _admit(api, namespace, spec)
+        parsed, messages = _pydantic(spec)
+        assert (refused is None) == (parsed is not None), (spec, refused, messages)
+        if not re.match(MODEL_URI_PATTERN, uri):
+            return  # refused by both for the URI itself
+        clash = default_served_name(uri) in names
+        assert (MSG_ADAPTER_SERVED_NAME in messages) == clash, (uri, names, messages)
+        assert refused is None or (MSG_ADAPTER_SERVED_NAME in refused) == clash, (uri, names, refused)
+        seen.add((uri.split("://")[0], clash))
+
+    seen: set[tuple[str, bool]] = set()
+    check()
+    # Each scheme came up, and on each but hf:// two-part names (org/name) an adapter clashed.
+    assert {scheme for scheme, _ in seen} == {"file", "pvc", "oci", "s3", "hf"}, seen
+    assert {scheme for scheme, clash in seen if clash} == {"file", "pvc", "oci", "s3", "hf"}, seen

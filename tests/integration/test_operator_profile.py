@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from harness import OperatorProcess, wait_until
-from isvc import create, get, patch
+from isvc import condition, create, get, patch
 from kubernetes import client
 
 from pagoda.operator.reconcile.kube import Kube
@@ -178,7 +178,9 @@ def test_metric_slo_scales_at_a_share_of_the_measured_concurrency(
     operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
 ) -> None:
     """Before a profile: targetInFlight; after one that measured 5 within the SLO: 0.8 x 5 = 4; while a new
-    profile (a new SLO) runs, still 4."""
+    profile (a tighter SLO) runs, still 4; when it meets the SLO at no step, still 4 (not targetInFlight),
+    with the condition SLOUnmet and its Event; a later profile that measures 3 within it: 0.8 x 3 = 2, and
+    SLOUnmet turns False."""
     core = client.CoreV1Api(cluster_api)
     autoscaling = {"minReplicas": 1, "maxReplicas": 3, "metric": "SLO", "targetInFlight": 6}
     create(
@@ -199,12 +201,61 @@ def test_metric_slo_scales_at_a_share_of_the_measured_concurrency(
     name = one_job(raw, namespace, "sloscale")["metadata"]["name"]
     end_pod_as_the_kubelet_would(core, namespace, name, json.dumps({**RESULT, "concurrency": 5}))
     wait_until(lambda: threshold() == "4", "0.8 of the measured 5", 90)
-    patch(kube, "sloscale", namespace, {"slo": {**SLO, "ttftMs": 900}})
+    patch(kube, "sloscale", namespace, {"slo": {**SLO, "ttftMs": 200}})
     second = one_job(raw, namespace, "sloscale", other_than=name)["metadata"]["name"]
     wait_until(lambda: profile(kube, "sloscale", namespace).get("job") == second, "the new Job reported", 60)
     running = profile(kube, "sloscale", namespace)
     assert running["state"] == "Running" and running["measuredBy"] == name and running["concurrency"] == 5
     assert threshold() == "4"
+
+    # The tighter SLO is met at no step: the target stays 4, and the service says so.
+    unmet = {
+        **RESULT,
+        "slo": {"ttftMs": 200.0, "interTokenMs": 50.0},
+        "concurrency": None,
+        "requestsPerSecond": None,
+        "outputTokensPerSecond": None,
+        "steps": [{**s, "meetsSlo": False} for s in RESULT["steps"]],
+    }
+    end_pod_as_the_kubelet_would(core, namespace, second, json.dumps(unmet))
+    flagged = wait_until(
+        lambda: (
+            condition(get(kube, "sloscale", namespace), "SLOUnmet").get("status") == "True"
+            and get(kube, "sloscale", namespace)
+        ),
+        "SLOUnmet",
+        90,
+    )
+    status = flagged["status"]
+    assert status["profile"]["lastMetConcurrency"] == 5 and "concurrency" not in status["profile"]
+    message = condition(flagged, "SLOUnmet")["message"]
+    assert "the closest, 1 concurrent request, measured p95 TTFT 210 ms" in message, message
+    time.sleep(2)  # a pass after the status write: the ScaledObject keeps the last measured target
+    assert threshold() == "4"
+
+    def reasons() -> list[str]:
+        events = core.list_namespaced_event(namespace).items
+        return [e.reason for e in events if e.involved_object.name == "sloscale"]
+
+    wait_until(lambda: "SLOUnmet" in reasons(), "the SLOUnmet Event", 30)
+
+    # A new profile on request meets the SLO at 3: its target, and SLOUnmet False.
+    kube.patch_namespaced_custom_object(
+        "pagoda.dev",
+        "v1alpha1",
+        namespace,
+        "inferenceservices",
+        "sloscale",
+        {"metadata": {"annotations": {PROFILE_REQUEST_ANNOTATION: "again"}}},
+    )
+    third = one_job(raw, namespace, "sloscale", other_than=second)["metadata"]["name"]
+    met = {**unmet, "concurrency": 3, "requestsPerSecond": 1.0, "outputTokensPerSecond": 120.0}
+    end_pod_as_the_kubelet_would(core, namespace, third, json.dumps(met))
+    wait_until(lambda: threshold() == "2", "0.8 of the measured 3", 90)
+    cleared = condition(get(kube, "sloscale", namespace), "SLOUnmet")
+    assert (cleared["status"], cleared["reason"]) == ("False", "SLOMet"), cleared
+    wait_until(lambda: "SLOMet" in reasons(), "the SLOMet Event", 30)
+    assert reasons().count("SLOUnmet") == 1
 
 
 def test_the_replicas_run_the_engine_choice_and_the_profile_is_not_run_again(

@@ -117,6 +117,48 @@ def test_routing_needs_the_pool_crd_and_goes_away_with_routing_off(
         install_crd(cluster)
 
 
+def test_the_charts_cluster_role_replaces_the_pickers_own_role(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
+) -> None:
+    """The upgrade to --picker-cluster-role (the chart's, issue #40 §8): the picker's RoleBinding to the
+    shared ClusterRole is created under its own name (a roleRef cannot change), and the picker's own Role
+    and RoleBinding are pruned after it, so the picker is never without its rights."""
+    rbac = "rbac.authorization.k8s.io/v1"
+    create(kube, "upgraded", namespace, replicas=1, routing=ROUTING)
+    wait_until(
+        lambda: raw.get(rbac, "rolebindings", namespace, "upgraded-epp"), "the picker's own binding", 90
+    )
+    operator.stop()
+    operator.extra_args = ["--picker-cluster-role", "pagoda-endpoint-picker"]
+    try:
+        operator.start()
+        binding = wait_until(
+            lambda: raw.get(rbac, "rolebindings", namespace, "upgraded-epp-shared"),
+            "the binding to the chart's ClusterRole",
+            90,
+        )
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "pagoda-endpoint-picker",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "upgraded-epp", "namespace": namespace}
+        ]
+        wait_until(
+            lambda: (
+                raw.get(rbac, "roles", namespace, "upgraded-epp") is None
+                and raw.get(rbac, "rolebindings", namespace, "upgraded-epp") is None
+            ),
+            "the picker's own Role and RoleBinding pruned",
+            60,
+        )
+    finally:
+        operator.stop()
+        operator.extra_args = []
+        operator.start()
+
+
 def test_zero_replicas_are_ready_only_with_routing(
     operator: OperatorProcess,
     cluster: Cluster,

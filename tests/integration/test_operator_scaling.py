@@ -1,17 +1,22 @@
-"""Autoscaling on/off (ScaledObject and who owns the Deployment's replicas) and `kubectl scale`."""
+"""Autoscaling on/off (ScaledObject and who owns the Deployment's replicas), `kubectl scale`, and KEDA's
+fallback reported as the condition ScalingMetricsUnavailable."""
 
 from __future__ import annotations
 
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from harness import OperatorProcess, wait_until
 from isvc import create, create_ready, get, managed_fields_of, patch, ready_and_current, wait_ready
 from kubernetes import client
+from test_operator_routing import ROUTING, condition, install_crd
 
 from e2e.cluster import Cluster
+from pagoda.operator.api.status import METRICS_UNAVAILABLE
 from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.resources.scaledobject import FALLBACK_FAILURES
 
 
 def owns_replicas(deployment: dict[str, Any]) -> bool:
@@ -169,3 +174,99 @@ def test_a_new_autoscaled_service_starts_at_its_minimum(
     )
     assert released["spec"]["replicas"] == 2
     wait_ready(kube, "at-min", namespace, "Ready with 2 replicas")
+
+
+def test_kedas_fallback_is_a_condition_naming_the_trigger_and_since_when(
+    operator: OperatorProcess,
+    cluster: Cluster,
+    cluster_api: Any,
+    kube: client.CustomObjectsApi,
+    raw: Kube,
+    namespace: str,
+) -> None:
+    """A minReplicas-0 service whose Prometheus is gone (docs/autoscaling.md#when-the-metrics-vanish). No KEDA
+    runs in this tier: the test writes the ScaledObject's status as KEDA v2.21 does at each failed read
+    (pkg/fallback/fallback.go: status.health keyed by the HPA's metric name, the condition Fallback once a
+    trigger failed more than failureThreshold times; no time on it). The operator's watch sees the write: the
+    condition ScalingMetricsUnavailable turns True naming the trigger and the Prometheus it queries, stamped
+    with the pass that saw it, with one Warning Event; the trigger read again ends it with a Normal one."""
+    install_crd(cluster)  # minReplicas 0 needs spec.routing (the picker's queue wakes the service)
+    autoscaling = {"minReplicas": 0, "maxReplicas": 3, "targetInFlight": 4}
+    monitoring = {"serviceMonitor": {"enabled": True}}
+    create(
+        kube,
+        "blind",
+        namespace,
+        replicas=None,
+        autoscaling=autoscaling,
+        monitoring=monitoring,
+        routing=ROUTING,
+    )
+    scaled = wait_until(
+        lambda: raw.get("keda.sh/v1alpha1", "scaledobjects", namespace, "blind"), "a ScaledObject"
+    )
+    assert scaled["spec"]["fallback"]["replicas"] == 1  # never 0: docs/autoscaling.md says why
+    read = wait_until(
+        lambda: (
+            (c := condition(get(kube, "blind", namespace), METRICS_UNAVAILABLE)).get("status") == "False"
+            and c
+        ),
+        "ScalingMetricsUnavailable False before any failure",
+    )
+    assert read["reason"] == "MetricsRead"
+
+    before = datetime.now(UTC).replace(microsecond=0)
+    failing = {"numberOfFailures": FALLBACK_FAILURES + 1, "status": "Failing"}
+    keda_status(raw, namespace, "blind", {"s0-prometheus": failing}, fallback=True)
+    held = wait_until(
+        lambda: (
+            (c := condition(get(kube, "blind", namespace), METRICS_UNAVAILABLE)).get("status") == "True" and c
+        ),
+        "ScalingMetricsUnavailable True",
+    )
+    assert held["reason"] == "KedaFallback", held
+    address = scaled["spec"]["triggers"][0]["metadata"]["serverAddress"]
+    assert f"trigger in-flight to Prometheus at {address}" in held["message"], held["message"]
+    since = datetime.fromisoformat(held["lastTransitionTime"].replace("Z", "+00:00"))
+    assert before <= since <= datetime.now(UTC), (before, since)
+    # More failures (KEDA counts on at each read): no new transition, no new Event.
+    keda_status(
+        raw, namespace, "blind", {"s0-prometheus": {**failing, "numberOfFailures": 40}}, fallback=True
+    )
+    time.sleep(2)
+    assert condition(get(kube, "blind", namespace), METRICS_UNAVAILABLE) == held
+
+    keda_status(raw, namespace, "blind", {"s0-prometheus": {"numberOfFailures": 0, "status": "Happy"}})
+    wait_until(
+        lambda: condition(get(kube, "blind", namespace), METRICS_UNAVAILABLE).get("status") == "False",
+        "ScalingMetricsUnavailable False once KEDA reads again",
+    )
+    events = sorted(
+        (e.reason, e.type, e.message)
+        for e in client.CoreV1Api(cluster_api).list_namespaced_event(namespace).items
+        if e.involved_object.name == "blind" and e.reason in (METRICS_UNAVAILABLE, "MetricsRead")
+    )
+    # One each (the list is not in time order; the flips above were): a Warning naming the trigger, and the
+    # Normal one naming since when it held.
+    assert [(reason, type_) for reason, type_, _ in events] == [
+        ("MetricsRead", "Normal"),
+        (METRICS_UNAVAILABLE, "Warning"),
+    ], events
+    assert held["lastTransitionTime"] in events[0][2] and "trigger in-flight" in events[1][2], events
+
+
+def keda_status(raw: Kube, namespace: str, name: str, health: dict[str, Any], fallback: bool = False) -> None:
+    """The ScaledObject's status as KEDA patches it (its Fallback condition has no lastTransitionTime)."""
+    reason = "FallbackExists" if fallback else "NoFallbackFound"
+    conditions = [
+        {"type": "Ready", "status": "True", "reason": "ScaledObjectReady"},
+        {"type": "Fallback", "status": "True" if fallback else "False", "reason": reason},
+    ]
+    raw.patch_status(
+        "keda.sh/v1alpha1",
+        "ScaledObject",
+        "scaledobjects",
+        namespace,
+        name,
+        {"health": health, "conditions": conditions},
+    )

@@ -1,8 +1,10 @@
 """spec.runtime.tls against the real API server: admission accepts it and refuses it with spec.routing
 (the CRD's CEL rule, word for word the operator's message), and the operator's children carry it (the
 Secret mounted, the runtime's flags, HTTPS probes, appProtocol https, a ServiceMonitor scraping over TLS
-that the real ServiceMonitor CRD accepts); turning it off rolls the pods back to plain HTTP. That the
-runtime then serves HTTPS is tier 3's (tests/runtime/test_rt_tls.py)."""
+that the real ServiceMonitor CRD accepts); turning it off rolls the pods back to plain HTTP; the operator
+calls a TLS pod only with a CA from its Secret to verify it against. That the runtime then serves HTTPS is
+tier 3's (tests/runtime/test_rt_tls.py); the verification itself, against real HTTPS servers, tier 1's
+(tests/unit/test_resources_tls.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 
 import pytest
 from harness import OperatorProcess, wait_until
-from isvc import GROUP, PLURAL, VERSION, condition, create, get, manifest, patch, wait_ready
+from isvc import GROUP, PLURAL, VERSION, condition, create, create_ready, get, manifest, patch, wait_ready
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
@@ -134,3 +136,46 @@ def test_the_deployment_service_and_service_monitor_carry_tls_and_drop_it_again(
     assert monitor is not None
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["scheme"] == "http" and "tlsConfig" not in endpoint
+
+
+def test_a_tls_pod_is_not_called_until_the_secret_gives_a_ca_to_verify_it_against(
+    operator: OperatorProcess,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """kwok's pods run nothing (their IPs are routed unreachable), so what shows here is the operator's
+    choice before it connects: refused while the Secret has no ca.crt (CertificateNotVerified, naming it),
+    then a connection tried (ReplicaUnreachable) once the Secret has one, without a restart."""
+    pki = write_tls_dir(tmp_path / "tls", "verify", [f"verify.{namespace}.svc"], [])
+    files = {name: (pki.directory / name).read_bytes() for name in ("tls.crt", "tls.key", "ca.crt")}
+    data = {name: base64.b64encode(value).decode() for name, value in files.items()}
+    core = client.CoreV1Api(cluster_api)
+    without_ca = {k: v for k, v in data.items() if k != "ca.crt"}
+    secret = {"metadata": {"name": "verify-tls"}, "type": "kubernetes.io/tls", "data": without_ca}
+    core.create_namespaced_secret(namespace, secret)
+    lora = {"adapters": [{"name": "sql", "uri": "hf://pagoda-test/sql-lora"}]}
+    create_ready(
+        kube, "verify", namespace, replicas=1, runtime={"tls": {"secretName": "verify-tls"}}, lora=lora
+    )
+
+    def adapter_reason() -> dict[str, Any] | None:
+        entries = ((get(kube, "verify", namespace) or {}).get("status") or {}).get("adapters") or []
+        return entries[0] if entries and entries[0].get("reason") else None
+
+    entry = wait_until(
+        lambda: (e := adapter_reason()) and e["reason"] == "CertificateNotVerified" and e,
+        "the replica reported CertificateNotVerified",
+    )
+    assert f"Secret {namespace}/verify-tls has no ca.crt" in entry["message"], entry
+    assert "Not calling the TLS pods name=verify" in operator.log()
+    assert condition(get(kube, "verify", namespace), "Ready")["status"] == "True"  # serving is not affected
+
+    core.patch_namespaced_secret("verify-tls", namespace, {"data": {"ca.crt": data["ca.crt"]}})
+    entry = wait_until(
+        lambda: (e := adapter_reason()) and e["reason"] == "ReplicaUnreachable" and e,
+        "the operator to read the CA and try the pod",
+        timeout=150,
+    )
+    assert "certificate" not in entry["message"], entry

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import signal
 import threading
 import time
@@ -17,6 +19,7 @@ from rt_harness import RuntimeProcess, wait_until
 pytestmark = pytest.mark.runtime
 
 LABEL = '{model_name="tiny"}'
+GATED = "Gated vLLM's routes not_forwarded="  # the runtime's log line (runtime/lifecycle.py)
 
 
 def metric(runtime: RuntimeProcess, name: str) -> float:
@@ -132,6 +135,7 @@ def test_api_key_and_engine_death_exit_nonzero(tiny_model: Path, tmp_path: Path)
         assert runtime.get("/metrics").status_code == 200
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=runtime.url + "/v1", api_key="nope", max_retries=0).models.list()
+        every_route_of_the_live_vllm_app_is_gated(runtime, "s3cret")
 
         children = runtime.children()
         engine_core = [c for c in children if "EngineCore" in " ".join(c.cmdline()) + c.name()]
@@ -144,6 +148,36 @@ def test_api_key_and_engine_death_exit_nonzero(tiny_model: Path, tmp_path: Path)
         assert not alive, f"left behind: {alive}"
     finally:
         runtime.terminate()
+
+
+def every_route_of_the_live_vllm_app_is_gated(runtime: RuntimeProcess, key: str) -> None:
+    """Each route of the vLLM app this runtime built (its log lists those the gate keeps out, read from the
+    app itself, so a route a vLLM upgrade adds is called too) answers 404 with the key or without, and the
+    documented ones 401 without the key; SageMaker's /invocations, which runs chat and completions, included.
+    The probes and /metrics stay open."""
+    lines = [line for line in runtime.log_path.read_text(errors="replace").splitlines() if GATED in line]
+    assert lines, runtime.log_tail()
+    refused = [(method, path) for method, path in json.loads(lines[-1].split(GATED, 1)[1])]
+    paths = {path for _, path in refused}
+    assert {"/invocations", "/tokenize", "/scale_elastic_ep", "/health", "/docs"} <= paths, paths
+    bearer = {"Authorization": f"Bearer {key}"}
+    with httpx.Client(base_url=runtime.url, timeout=30) as http:
+        for method, path in refused:
+            call = "POST" if method in ("*", "WEBSOCKET") else method
+            url = re.sub(r"\{[^}]*\}", "x", path)
+            for headers in ({}, bearer):
+                answer = http.request(call, url, headers=headers, json={"model": "tiny", "prompt": "hi"})
+                if path in ("/metrics", "/readyz", "/livez"):  # the runtime's own, answered by the gate
+                    assert answer.status_code == 200, (method, path, answer.status_code)
+                else:
+                    assert answer.status_code == 404, (method, path, answer.status_code, answer.text)
+        for path in ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models"):
+            for call in ("GET", "POST"):
+                answer = http.request(call, path)
+                assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer", path
+        invocation = {"model": "tiny", "prompt": "hi", "max_tokens": 1}
+        assert http.post("/invocations", json=invocation, headers=bearer).status_code == 404
+        assert http.post("/v1/completions", json=invocation, headers=bearer).status_code == 200
 
 
 def test_a_stalled_engine_fails_liveness_and_exits_1(tiny_model: Path, tmp_path: Path) -> None:
@@ -227,6 +261,86 @@ def test_a_stalled_engine_fails_liveness_and_exits_1(tiny_model: Path, tmp_path:
         assert len(ended) == 4 and "finished" not in ended, ended
         gone, alive = psutil.wait_procs(children, timeout=10)
         assert not alive, f"left behind: {alive}"
+    finally:
+        for proc in engine_core:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        runtime.terminate()
+
+
+def test_a_prefill_longer_than_the_stall_timeout_is_no_stall_but_a_stopped_engine_is(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """--stall-timeout 2, and a prompt of about 1,900 tokens computed one token a step
+    (--max-num-batched-tokens 1): its prefill takes longer than the timeout, and vLLM counts no token of it
+    until it ends; the runtime watches the engine's steps, so it serves on (it used to read the token
+    counters and exit 1). Then EngineCore is stopped while idle and a request comes: the engine never reports
+    that request, but it holds it, so the runtime still exits 1 with EngineStalled."""
+    message_file = tmp_path / "termination-log"
+    runtime = RuntimeProcess(
+        model=f"file://{tiny_model}",
+        workdir=tmp_path / "run",
+        flags=[
+            "--max-model-len",
+            "2048",
+            "--max-num-seqs",
+            "1",
+            "--max-num-batched-tokens",
+            "1",
+            "--dtype",
+            "float32",
+            "--stall-timeout",
+            "2",
+        ],
+        extra_env={"PAGODA_TERMINATION_MESSAGE_PATH": str(message_file)},
+    ).start()
+    engine_core: list[psutil.Process] = []
+    try:
+        runtime.wait_ready()
+        assert runtime.proc is not None
+        assert "Watching engine progress stall_timeout=2" in runtime.log_path.read_text(errors="replace")
+        api = openai.OpenAI(base_url=runtime.url + "/v1", api_key="unused", timeout=120, max_retries=0)
+        began = time.monotonic()
+        answer = api.completions.create(model="tiny", prompt=" ".join(["hello"] * 630), max_tokens=1)
+        took = time.monotonic() - began
+        print(f"prefill_seconds={took:.1f} prompt_tokens={answer.usage and answer.usage.prompt_tokens}")
+        assert answer.usage is not None and answer.usage.prompt_tokens > 1800, answer.usage
+        assert took > 3, f"the prefill took {took:.1f}s, not longer than the timeout"
+        assert runtime.proc.poll() is None, runtime.log_tail()
+        assert runtime.get("/livez").status_code == 200
+        assert "Engine stalled" not in runtime.log_path.read_text(errors="replace")
+
+        children = runtime.children()
+        engine_core = [c for c in children if "EngineCore" in " ".join(c.cmdline()) + c.name()]
+        assert engine_core, [c.name() for c in children]
+        engine_core[0].send_signal(signal.SIGSTOP)
+        stopped = time.monotonic()
+        time.sleep(3)  # idle: no stall
+        assert runtime.proc.poll() is None and runtime.get("/livez").status_code == 200
+        ended: list[str] = []
+
+        def one() -> None:
+            try:
+                api.completions.create(model="tiny", prompt="stall", max_tokens=5)
+                ended.append("finished")
+            except Exception as exc:  # noqa: BLE001 - the connection ends with the process
+                ended.append(type(exc).__name__)
+
+        sent = time.monotonic()
+        request = threading.Thread(target=one)
+        request.start()
+        wait_until(
+            lambda: runtime.proc.poll() is not None, timeout=60, interval=0.2, what="the runtime's exit"
+        )
+        assert runtime.proc.returncode == 1
+        assert 2 <= time.monotonic() - sent < 30, time.monotonic() - stopped
+        assert message_file.read_text().startswith("EngineStalled: the vLLM engine had requests"), (
+            message_file.read_text()
+        )
+        request.join(timeout=30)
+        assert not request.is_alive() and ended and ended[0] != "finished", ended
     finally:
         for proc in engine_core:
             try:

@@ -19,13 +19,16 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rt_harness import ENGINE_FLAGS, RuntimeProcess, wait_until
 
-from pagoda.runtime import management
+from pagoda.runtime import contract, management
 from pagoda.runtime.tinyadapter import TinyAdapterSpec, make_tiny_adapter
 
 pytestmark = pytest.mark.runtime
 ADAPTERS = "/v1/pagoda/adapters"
 PROMPT = "def main():"
 OPERATOR = management.Signer(management.new_private_key())  # stands in for the operator's key
+# The pod this runtime is told it is (the downward API's variables, as the operator's pods have them).
+POD_UID = "3f1c2b7e-9a0d-4e5f-8b6a-1d2c3e4f5a6b"
+OTHER_POD_UID = "7a8b9c0d-1e2f-4a3b-8c4d-5e6f7a8b9c0d"
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,10 @@ def server(
     (workdir / "public-key.pem").write_text(OPERATOR.public_pem)
     key = ["--management-public-key-file", str(workdir / "public-key.pem")]
     runtime = RuntimeProcess(
-        model=f"file://{tiny_model}", workdir=workdir, flags=[*ENGINE_FLAGS, *lora, *limits, *key]
+        model=f"file://{tiny_model}",
+        workdir=workdir,
+        flags=[*ENGINE_FLAGS, *lora, *limits, *key],
+        extra_env={contract.POD_UID_ENV: POD_UID, contract.POD_IP_ENV: "127.0.0.1"},
     )
     runtime.start()
     try:
@@ -80,7 +86,7 @@ def signed(
     data = json.dumps(body).encode() if body is not None else b""
     host = server.url.split("//", 1)[1]
     headers = {
-        "authorization": OPERATOR.authorization(method, host, path, data),
+        "authorization": OPERATOR.authorization(method, host, path, data, pod=POD_UID),
         "content-type": "application/json",
     }
     return httpx.request(method, server.url + path, content=data or None, headers=headers, timeout=120)
@@ -171,17 +177,47 @@ def test_the_management_api_answers_only_the_operators_signature(
     forged = httpx.put(
         f"{server.url}{ADAPTERS}/intruder",
         content=body,
-        headers={"authorization": stranger.authorization("PUT", host, f"{ADAPTERS}/intruder", body)},
+        headers={
+            "authorization": stranger.authorization("PUT", host, f"{ADAPTERS}/intruder", body, pod=POD_UID)
+        },
         timeout=30,
     )
     assert forged.status_code == 401 and "does not verify" in forged.json()["error"]["message"]
     # A signed call replayed (captured on the network) is refused too.
-    header = OPERATOR.authorization("GET", host, ADAPTERS, b"")
+    header = OPERATOR.authorization("GET", host, ADAPTERS, b"", pod=POD_UID)
     first = httpx.get(server.url + ADAPTERS, headers={"authorization": header}, timeout=30)
     replayed = httpx.get(server.url + ADAPTERS, headers={"authorization": header}, timeout=30)
     assert (first.status_code, replayed.status_code) == (200, 401)
     assert "intruder" not in listed(server) and listed(server)["first"]["state"] == "Loaded"
     assert "first" in models(server)
+
+
+def test_a_call_signed_for_another_pod_is_refused(server: RuntimeProcess, adapters: SimpleNamespace) -> None:
+    """One key signs for every pod: a call captured on its way to another pod and replayed here within the
+    window is refused, as is one for this pod's UID addressed to another pod's IP; nothing changes."""
+    path, source = f"{ADAPTERS}/intruder", {"source": f"file://{adapters.second}"}
+    body = json.dumps(source).encode()
+    here = server.url.split("//", 1)[1]
+    elsewhere = "10.244.0.8:8000"  # the other pod's address, as the captured call's Host had it
+    attempts = [
+        (
+            OPERATOR.authorization("PUT", elsewhere, path, body, pod=OTHER_POD_UID),
+            elsewhere,
+            "signed for pod",
+        ),
+        (OPERATOR.authorization("PUT", here, path, body, pod=OTHER_POD_UID), here, "signed for pod"),
+        (
+            OPERATOR.authorization("PUT", elsewhere, path, body, pod=POD_UID),
+            elsewhere,
+            "not this pod's address",
+        ),
+    ]
+    for header, host, reason in attempts:
+        refused = httpx.put(
+            server.url + path, content=body, headers={"authorization": header, "host": host}, timeout=30
+        )
+        assert refused.status_code == 401 and reason in refused.json()["error"]["message"], refused.text
+    assert "intruder" not in listed(server) and "intruder" not in models(server)
 
 
 def test_unload_drains_the_adapters_requests_and_refuses_new_ones(

@@ -7,6 +7,7 @@ model-source code into a cache dir; the engine itself is not started (the lifecy
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
 import secrets
@@ -68,7 +69,8 @@ def test_s3_model_arrives_byte_identical_and_is_kept_on_the_next_start(
     uri = f"s3://{BUCKET}/{PREFIX}"
     with caplog.at_level(logging.INFO, logger="pagoda.runtime.sources"):
         path = resolve(parse_model_uri(uri), str(tmp_path))
-    assert path == tmp_path / "s3" / BUCKET / PREFIX
+    assert path == sources.s3_folder(parse_model_uri(uri), tmp_path)
+    assert path.relative_to(tmp_path).parts[1].startswith("127.0.0.1_")  # the store's folder
     assert tree(path) == expected
     size = sum(len(data) for data in expected.values())
     messages = [r.getMessage() for r in caplog.records]
@@ -92,7 +94,7 @@ def test_s3_runtimes_sharing_a_cache_download_a_model_once(
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda cache: cache.fetch(parse_model_uri(uri), None), caches))
     assert sorted(r.bytes_moved for r in results) == [0, 0, size]
-    assert {r.path for r in results} == {tmp_path / "s3" / BUCKET / PREFIX}
+    assert {r.path for r in results} == {sources.s3_folder(parse_model_uri(uri), tmp_path)}
     assert tree(results[0].path) == expected
     assert ModelCache(tmp_path).report()["models"] == [
         {"uri": uri, "bytes": size, "inUse": True, "lastUsed": ANY}
@@ -111,7 +113,9 @@ def test_s3_wrong_credentials_name_the_uri(
         match=rf"model s3://{BUCKET}/{PREFIX}: the store refused the credentials .*SignatureDoesNotMatch",
     ):
         resolve(parse_model_uri(f"s3://{BUCKET}/{PREFIX}"), str(tmp_path))
-    assert not (tmp_path / "s3" / BUCKET / PREFIX / "config.json").exists()
+    assert not (
+        sources.s3_folder(parse_model_uri(f"s3://{BUCKET}/{PREFIX}"), tmp_path) / "config.json"
+    ).exists()
 
 
 def test_s3_missing_prefix_and_bucket_are_clear_errors(s3_env: MinioServer, tmp_path: Path) -> None:
@@ -161,7 +165,7 @@ def test_s3_key_leaving_the_cache_is_refused_before_any_download(
         return client
 
     monkeypatch.setattr(sources, "_s3_client", client_listing_extra_keys)
-    target = tmp_path / "s3" / BUCKET / "p"
+    target = sources.s3_folder(parse_model_uri(f"s3://{BUCKET}/p"), tmp_path)
     would_write = Path(os.path.normpath(target / key.removeprefix("p/")))
     with pytest.raises(ModelSourceError) as caught:
         resolve(parse_model_uri(f"s3://{BUCKET}/p"), str(tmp_path))
@@ -171,3 +175,68 @@ def test_s3_key_leaving_the_cache_is_refused_before_any_download(
 
     extra.clear()  # the same client without the key: the real object comes from MinIO
     assert tree(resolve(parse_model_uri(f"s3://{BUCKET}/p"), str(tmp_path))) == {"config.json": b"{}"}
+
+
+def test_the_same_bucket_and_prefix_on_two_stores_share_no_file(
+    s3_env: MinioServer,
+    tiny_model: Path,
+    tmp_path: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two MinIO servers hold `s3://pagoda-models/llama/tiny`, with different configs: a cache shared by
+    both (a namespace's node cache) gives each runtime its own store's files (issue #40 §5)."""
+    other_model = tmp_path / "other"
+    other_model.mkdir()
+    for path in tiny_model.iterdir():
+        if path.is_file():
+            (other_model / path.name).write_bytes(path.read_bytes())
+    config = json.loads((tiny_model / "config.json").read_text())
+    (other_model / "config.json").write_text(json.dumps({**config, "pagoda_store": "other"}))
+    other = MinioServer(
+        workdir=tmp_path_factory.mktemp("minio-other"), bin_dir=BIN_DIR, password=s3_env.password
+    )
+    other.start()
+    with other:
+        other.upload(BUCKET, PREFIX, other_model)
+        uri, cache = f"s3://{BUCKET}/{PREFIX}", tmp_path / "cache"
+        first = ModelCache(cache).fetch(parse_model_uri(uri), None)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", other.url)
+        second = ModelCache(cache).fetch(parse_model_uri(uri), None)
+    assert first.path != second.path and first.bytes_moved > 0 and second.bytes_moved > 0
+    assert tree(first.path) == tree(tiny_model)
+    assert tree(second.path) == tree(other_model)
+    assert first.path.parts[-2:] == second.path.parts[-2:] == tuple(PREFIX.split("/"))
+
+
+def test_a_damaged_cached_file_of_the_right_size_is_downloaded_again(
+    s3_env: MinioServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """The size alone called a model "already downloaded" (issue #40 §5): a shard damaged in the cache, its
+    size kept, is fetched again, and the start is no cache hit."""
+    uri = f"s3://{BUCKET}/{PREFIX}"
+    first = ModelCache(tmp_path).fetch(parse_model_uri(uri), None)
+    weights = max(first.path.glob("*.safetensors"), key=lambda path: path.stat().st_size)
+    whole = weights.read_bytes()
+    damaged = bytearray(whole)
+    damaged[-1] ^= 0xFF  # tensor data: the header still checks out
+    weights.write_bytes(bytes(damaged))
+    again = ModelCache(tmp_path).fetch(parse_model_uri(uri), None)
+    assert again.path == first.path and again.bytes_moved == len(whole)
+    assert weights.read_bytes() == whole
+    assert tree(again.path) == tree(tiny_model)
+    assert ModelCache(tmp_path).fetch(parse_model_uri(uri), None).bytes_moved == 0  # whole again: a hit
+
+
+def test_an_object_replaced_by_one_of_the_same_size_is_downloaded_again(
+    s3_env: MinioServer, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A retrained model's shards often keep their sizes: the store's ETag tells the new object apart."""
+    store, prefix = s3_env.client(), f"replaced-{secrets.token_hex(4)}"
+    store.put_object(BUCKET, f"{prefix}/config.json", io.BytesIO(b'{"v": 1}'), 8)
+    path = resolve(parse_model_uri(f"s3://{BUCKET}/{prefix}"), str(tmp_path))
+    assert (path / "config.json").read_bytes() == b'{"v": 1}'
+    store.put_object(BUCKET, f"{prefix}/config.json", io.BytesIO(b'{"v": 2}'), 8)
+    assert (
+        resolve(parse_model_uri(f"s3://{BUCKET}/{prefix}"), str(tmp_path)) / "config.json"
+    ).read_bytes() == (b'{"v": 2}')

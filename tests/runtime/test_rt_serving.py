@@ -17,6 +17,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rt_harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RuntimeProcess, wait_until
 
+from e2e import openai_surface
+
 pytestmark = pytest.mark.runtime
 
 
@@ -76,15 +78,18 @@ def test_chat_completion(server: RuntimeProcess) -> None:
 
 def test_chat_requests_are_rendered_with_the_chat_template_flag(server: RuntimeProcess) -> None:
     """The server runs with --chat-template (conftest.py): vLLM renders chat requests with that file, not the
-    model's own template, and a chat completion's prompt is exactly what it rendered."""
+    model's own template. The chat completion's own prompt tokens (vLLM's `return_token_ids`), echoed back
+    as text by a completion (vLLM's /tokenize and /detokenize are not served: runtime/routes.py)."""
     messages = [{"role": "user", "content": "Say hello."}]
-    body = {"model": "tiny", "messages": messages, "add_generation_prompt": True}
-    tokens = httpx.post(server.url + "/tokenize", json=body, timeout=30).json()["tokens"]
-    detokenized = httpx.post(server.url + "/detokenize", json={"model": "tiny", "tokens": tokens}, timeout=30)
-    prompt = detokenized.json()["prompt"]
+    api = client(server)
+    reply = api.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=1, extra_body={"return_token_ids": True}
+    )
+    tokens = (reply.model_extra or {})["prompt_token_ids"]
+    assert reply.usage is not None and reply.usage.prompt_tokens == len(tokens) > 3
+    echoed = api.completions.create(model="tiny", prompt=tokens, max_tokens=1, echo=True, temperature=0)
+    prompt = echoed.choices[0].text
     assert prompt.startswith(CHAT_TEMPLATE_MARKER + "\n") and "Say hello." in prompt, prompt
-    reply = client(server).chat.completions.create(model="tiny", messages=messages, max_tokens=1)
-    assert reply.usage is not None and reply.usage.prompt_tokens == len(tokens)
 
 
 def test_streaming_chat(server: RuntimeProcess) -> None:
@@ -284,3 +289,15 @@ def test_start_up_phases_as_json_and_on_metrics(server: RuntimeProcess, tiny_mod
         assert metrics[f"pagoda_startup_phase_seconds_count{labels}"] == 1
         assert metrics[f"pagoda_startup_phase_seconds_sum{labels}"] == pytest.approx(seconds, abs=0.001)
     assert metrics['pagoda_startup_model_bytes{model_name="tiny"}'] == startup["modelBytes"]
+
+
+def test_every_openai_parameter_is_served_or_refused_and_the_engine_lives(server: RuntimeProcess) -> None:
+    """e2e/openai_surface.py's sweep: logprobs, top_logprobs, n, seed, stop, response_format, tools, streamed
+    usage, prompt_logprobs, echo and the rest, each served with its effect shown or refused with a 4xx; the
+    engine still serves after (a `logprobs` request made the CPU engine compile a kernel in its step:
+    runtime/engine.py). Tier 4 sends the same to a pod of the image (e2e/test_api_surface.py)."""
+    wrong = openai_surface.sweep(client(server))
+    assert not wrong, "\n".join(map(str, wrong))
+    server.check_alive()
+    assert server.get("/livez").status_code == 200
+    assert server.get("/readyz").status_code == 200

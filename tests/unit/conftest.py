@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,40 @@ def llama_spec() -> dict[str, Any]:
     return copy.deepcopy(LLAMA)
 
 
+def _substring(text: Any, start: Any, end: Any = None) -> celpy.celtypes.StringType:
+    stop = len(text) if end is None else int(end)
+    if not 0 <= int(start) <= stop <= len(text):
+        raise ValueError(f"substring({start}, {end}) out of range of a string of {len(text)}")
+    return celpy.celtypes.StringType(text[int(start) : stop])
+
+
+# The functions of the Kubernetes CEL strings library the CRD's rules use (celpy has the core language only),
+# as the API server's cel-go has them; tier 2 runs the same rules in the real API server.
+K8S_STRINGS: dict[str, Callable[..., Any]] = {
+    "split": lambda text, sep: celpy.celtypes.ListType(
+        [celpy.celtypes.StringType(part) for part in str(text).split(str(sep))]
+    ),
+    "substring": _substring,
+    "indexOf": lambda text, sub: celpy.celtypes.IntType(str(text).find(str(sub))),
+}
+
+
+@functools.cache
+def _program(expression: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(expression), functions=K8S_STRINGS)
+
+
+def cel_evaluate(expression: str, **variables: Any) -> Any:
+    """One CEL expression, with the Kubernetes strings library, on JSON values."""
+    program = _program(expression)
+    activation = {name: celpy.json_to_cel(value) for name, value in variables.items()}
+    result = program.evaluate(activation)
+    if isinstance(result, Exception):
+        raise AssertionError(f"{expression!r} failed to evaluate: {result}")
+    return result
+
+
 def cel_violations(schema: dict[str, Any], value: Any) -> list[str]:
     """Messages of the x-kubernetes-validations rules `value` breaks, evaluated as the API server would
     (numbers as doubles, each rule at its own node, absent optional fields skipped)."""
@@ -75,7 +110,7 @@ def cel_violations(schema: dict[str, Any], value: Any) -> list[str]:
     found: list[str] = []
     for node_schema, node_value in _walk(schema, value):
         for entry in node_schema.get("x-kubernetes-validations", []):
-            program = env.program(env.compile(entry["rule"]))
+            program = env.program(env.compile(entry["rule"]), functions=K8S_STRINGS)
             result = program.evaluate({"self": celpy.json_to_cel(_typed(node_schema, node_value))})
             if isinstance(result, Exception):
                 raise AssertionError(f"rule {entry['rule']!r} failed to evaluate: {result}")

@@ -15,6 +15,9 @@ class StampingWrites:
         self.writes: list[tuple[str, str]] = []
         self.version = 100
 
+    def check_leader(self, what: str) -> None:
+        """The leader fence (kube.py): one replica, no leader election, so every pass and write may go."""
+
     def _stamp(self, obj: Obj) -> Obj:
         self.version += 1
         obj = copy.deepcopy(obj)

@@ -38,7 +38,7 @@ def test_defaults_match_the_issue() -> None:
     assert spec.monitoring.service_monitor.enabled is False
     assert spec.replicas is None and spec.autoscaling is None
     assert spec.tensor_parallel_size == 1  # the GPU count when not given
-    assert spec.served_name == "hf://gpt2"
+    assert spec.served_name == "gpt2"  # the runtime serves hf://gpt2 as gpt2
 
 
 def test_dump_by_alias_round_trips(llama_spec: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec, describe, error_messages
 from pagoda.operator.api import rules as r
+from pagoda.operator.api.base import NAME_PATTERN
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -175,6 +176,109 @@ CASES: list[tuple[str, Mutation, str, str | None]] = [
         _set("runtime", {"env": [{"name": "HF_TOKEN", "value": "hf_abc"}]}),
         "spec.runtime.env",
         r.MSG_SECRET_ENV,
+    ),
+    (
+        "vllm-dev-mode-in-env",
+        _set("runtime", {"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}),
+        "spec.runtime.env",
+        r.MSG_ENV_DEV_MODE,
+    ),
+    (
+        "vllm-dev-mode-off-in-env",  # refused whatever its value: the name alone is the switch's
+        _set(
+            "runtime",
+            {"env": [{"name": "LOG", "value": "1"}, {"name": "VLLM_SERVER_DEV_MODE", "value": "0"}]},
+        ),
+        "spec.runtime.env",
+        r.MSG_ENV_DEV_MODE,
+    ),
+    (
+        "vllm-runtime-lora-updating-in-env",
+        _set("runtime", {"env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"}]}),
+        "spec.runtime.env",
+        r.MSG_ENV_LORA_UPDATING,
+    ),
+    (
+        "vllm-runtime-lora-updating-from-a-config-map",
+        _set(
+            "runtime",
+            {
+                "env": [
+                    {
+                        "name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+                        "valueFrom": {"configMapKeyRef": {"name": "flags", "key": "lora"}},
+                    }
+                ]
+            },
+        ),
+        "spec.runtime.env",
+        r.MSG_ENV_LORA_UPDATING,
+    ),
+    (
+        "pod-namespace-in-env",  # it chose which namespace's node cache folder a pod mounted (issue #40 §5)
+        _set(
+            "runtime",
+            {"env": [{"name": "POD_NAMESPACE", "value": "team-b"}]},
+        ),
+        "spec.runtime.env",
+        r.REFUSED_ENV_NAMES["POD_NAMESPACE"],
+    ),
+    (
+        "pod-uid-in-env-from-the-downward-api",  # refused from any source: the name is the operator's
+        _set(
+            "runtime",
+            {"env": [{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]},
+        ),
+        "spec.runtime.env",
+        r.REFUSED_ENV_NAMES["POD_UID"],
+    ),
+    (
+        "pull-secret-not-a-name",
+        _set("runtime.imagePullSecrets", [{"name": "Reg_Cred"}]),
+        "spec.runtime.imagePullSecrets[0].name",
+        None,
+    ),
+    (
+        "pull-secret-without-name",
+        _set("runtime.imagePullSecrets", [{}]),
+        "spec.runtime.imagePullSecrets[0].name",
+        None,
+    ),
+    (
+        "pull-secret-as-a-string",  # a list of {name}, as a pod's imagePullSecrets
+        _set("runtime.imagePullSecrets", ["regcred"]),
+        "spec.runtime.imagePullSecrets[0]",
+        None,
+    ),
+    (
+        "pull-secrets-repeat",
+        _set("runtime.imagePullSecrets", [{"name": "regcred"}, {"name": "regcred"}]),
+        "spec.runtime.imagePullSecrets",
+        None,
+    ),
+    (
+        "pull-secrets-too-many",
+        _set("runtime.imagePullSecrets", [{"name": f"pull-{i}"} for i in range(17)]),
+        "spec.runtime.imagePullSecrets",
+        None,
+    ),
+    (
+        "body-limit-too-small",
+        _set("runtime.maxRequestBodyBytes", 1023),
+        "spec.runtime.maxRequestBodyBytes",
+        None,
+    ),
+    (
+        "body-limit-above-1-gib",
+        _set("runtime.maxRequestBodyBytes", 1024**3 + 1),
+        "spec.runtime.maxRequestBodyBytes",
+        None,
+    ),
+    (
+        "body-limit-as-a-quantity",  # bytes as an integer, not a Kubernetes quantity
+        _set("runtime.maxRequestBodyBytes", "64Mi"),
+        "spec.runtime.maxRequestBodyBytes",
+        None,
     ),
     (
         "label-value-invalid",
@@ -502,6 +606,21 @@ def test_tensor_parallel_may_be_omitted_and_follows_the_gpu_count(
     assert cel_check(_object("llama", llama_spec)) == []
 
 
+@pytest.mark.parametrize("name", sorted(r.OPERATOR_ENV))
+def test_every_variable_the_operator_sets_is_refused_in_the_env_naming_it(
+    llama_spec: dict[str, Any], name: str, cel_check: Callable[[dict[str, Any]], list[str]]
+) -> None:
+    """Whatever its source: a ConfigMap's value is as much the user's as a literal one."""
+    source = {"configMapKeyRef": {"name": "settings", "key": "value"}}
+    llama_spec["runtime"] = {"env": [{"name": "LOG", "value": "1"}, {"name": name, "valueFrom": source}]}
+    with pytest.raises(ValidationError) as caught:
+        InferenceServiceSpec.model_validate(llama_spec)
+    message = f"spec.runtime.env: {name} is not allowed: "
+    assert any(m.startswith("spec.runtime.env") and message in m for m in error_messages(caught.value))
+    assert cel_check(_object("llama", llama_spec)) == [r.REFUSED_ENV_NAMES[name]]
+    assert r.REFUSED_ENV_NAMES[name].startswith(message)
+
+
 def test_secret_env_from_a_secret_is_allowed(
     llama_spec: dict[str, Any], cel_check: Callable[[dict[str, Any]], list[str]]
 ) -> None:
@@ -594,6 +713,32 @@ def test_cost_prices_must_be_positive_in_the_crd_schema(crd_root_schema: dict[st
     for name in ("gpuHourPrice", "apiPricePerMillionTokens"):
         field = cost["properties"][name]
         assert (field["type"], field["minimum"], field["exclusiveMinimum"]) == ("number", 0, True)
+
+
+def test_pull_secrets_and_the_body_limit_pass_and_are_bounded_in_the_crd_schema(
+    llama_spec: dict[str, Any],
+    crd_root_schema: dict[str, Any],
+    cel_check: Callable[[dict[str, Any]], list[str]],
+) -> None:
+    """The API server refuses what pydantic refuses: a Secret name's pattern, at most 16 secrets, each once
+    (a list map keyed by name), and a body limit from 1 KiB to 1 GiB."""
+    llama_spec["runtime"] = {
+        "imagePullSecrets": [{"name": "regcred"}, {"name": "models.pull"}],
+        "maxRequestBodyBytes": 64 * 1024**2,
+    }
+    runtime = InferenceServiceSpec.model_validate(llama_spec).runtime
+    assert [secret.name for secret in runtime.image_pull_secrets] == ["regcred", "models.pull"]
+    assert runtime.max_request_body_bytes == 64 * 1024**2
+    assert cel_check(_object("llama", llama_spec)) == []
+    fields = crd_root_schema["properties"]["spec"]["properties"]["runtime"]["properties"]
+    secrets = fields["imagePullSecrets"]
+    assert (secrets["maxItems"], secrets["x-kubernetes-list-type"]) == (16, "map")
+    assert secrets["x-kubernetes-list-map-keys"] == ["name"]
+    name = secrets["items"]["properties"]["name"]
+    assert secrets["items"]["required"] == ["name"]
+    assert (name["maxLength"], name["pattern"]) == (253, NAME_PATTERN)
+    limit = fields["maxRequestBodyBytes"]
+    assert (limit["type"], limit["minimum"], limit["maximum"]) == ("integer", 1024, 1024**3)
 
 
 def test_chat_templates_inline_or_from_a_config_map_pass(

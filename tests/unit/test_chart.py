@@ -22,7 +22,7 @@ import yaml
 from pagoda.operator.handlers import OBSERVED_KINDS
 from pagoda.operator.reconcile.nodes import NODE_KIND
 from pagoda.operator.resources import CHILD_KINDS
-from pagoda.operator.resources.routing import picker_rules
+from pagoda.operator.resources.routing import PICKER_CLUSTER_RULES
 from tests.repo import REPO
 
 CHART = REPO / "charts" / "pagoda"
@@ -125,14 +125,14 @@ def test_rbac_has_no_wildcards(scenario: tuple[Path, list[dict[str, Any]]]) -> N
             for field in ("apiGroups", "resources", "verbs"):
                 assert "*" not in rule.get(field, []), f"{role['metadata']['name']}: wildcard in {field}"
             assert "nonResourceURLs" not in rule
-            if role["metadata"]["name"] != "pagoda-self":
-                assert "resourceNames" not in rule
+            if role["metadata"]["name"] != "pagoda-self" and rule["verbs"] != ["bind"]:
+                assert "resourceNames" not in rule  # names only its own Secret and Lease, and what it binds
 
 
 def test_the_operator_reads_only_its_own_key_and_lease(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
-    """In the release's namespace: its one Secret (`get` by name, `create`, which RBAC cannot limit to a name
-    that does not exist yet, for the first replica that finds none: operator/reconcile/management.py) and its
-    leader Lease (reconcile/leader.py)."""
+    """In the release's namespace: its one Secret (`get` and `update` by name, `create`, which RBAC cannot
+    limit to a name that does not exist yet, for the first replica that finds none:
+    operator/reconcile/management.py) and its leader Lease (reconcile/leader.py)."""
     _, docs = scenario
     (role,) = find(docs, "Role", "pagoda-self")
     assert role["metadata"]["namespace"] == "pagoda-system"
@@ -141,7 +141,7 @@ def test_the_operator_reads_only_its_own_key_and_lease(scenario: tuple[Path, lis
             "apiGroups": [""],
             "resources": ["secrets"],
             "resourceNames": ["pagoda-management-key"],
-            "verbs": ["get"],
+            "verbs": ["get", "update"],  # update: its rotation (reconcile/management.py)
         },
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
         {
@@ -172,10 +172,15 @@ def test_two_replicas_elect_a_leader_and_keep_one_through_drains(default_docs: l
     assert find(render("--set", "operator.replicas=1"), "PodDisruptionBudget") == []
 
 
+PICKER_ROLE = "pagoda-endpoint-picker"  # the endpoint pickers', bound by the operator, not to it
+
+
 def grants(docs: list[dict[str, Any]], kind: str) -> dict[tuple[str, str], set[str]]:
-    """(apiGroup, resource) -> verbs granted by the roles of `kind` (Role or ClusterRole)."""
+    """(apiGroup, resource) -> verbs granted to the operator by the roles of `kind` (Role or ClusterRole)."""
     out: dict[tuple[str, str], set[str]] = {}
     for role in find(docs, kind):
+        if role["metadata"]["name"] == PICKER_ROLE:
+            continue
         for rule in role["rules"]:
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
@@ -198,12 +203,9 @@ def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str
         expected[(api_version.rpartition("/")[0], plural)] = {"list", "watch"}
     # spec.engine.chatTemplate.configMap: the user's ConfigMap is read (reconcile/chattemplate.py).
     expected[("", "configmaps")].add("get")
-    # What the endpoint picker's Role grants (spec.routing), which the operator must hold to grant it: with
-    # several replicas (the default), the most (leader election's Lease and Events).
-    for rule in picker_rules("tiny", "team-a", replicas=2):
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                expected.setdefault((group, resource), set()).update(rule["verbs"])
+    # spec.routing: the endpoint pickers' RoleBindings refer to the chart's ClusterRole, which the operator
+    # may bind (and holds none of its rules).
+    expected[("rbac.authorization.k8s.io", "clusterroles")] = {"bind"}
     assert granted == expected
 
 
@@ -240,6 +242,7 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
         "--leader-elect=pagoda-system/pagoda-leader",
         "--allow-from-namespace=pagoda-system",  # the operator's calls to the runtime pods
         "--allow-from-namespace=monitoring",  # Prometheus's scrapes (networkPolicy.allowFromNamespaces)
+        "--picker-cluster-role=pagoda-endpoint-picker",  # spec.routing's pickers (templates/rbac.yaml)
     ]
     # Requests (a BestEffort operator starves on a busy node and misses its liveness probe), no limits.
     assert container["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
@@ -252,11 +255,50 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
     ]
 
 
+def test_the_namespaces_the_network_policies_admit_are_a_value() -> None:
+    """Prometheus outside `monitoring`: with an enforcing network plugin its scrapes are refused unless
+    networkPolicy.allowFromNamespaces names its namespace, and KEDA's fallback then holds the replicas
+    (docs/install.md). The value replaces the default and becomes the operator's --allow-from-namespace, which
+    every InferenceService's NetworkPolicy admits (resources/networkpolicy.py)."""
+    docs = render("--set", "networkPolicy.allowFromNamespaces={observability,prometheus}")
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    admitted = [arg for arg in args if arg.startswith("--allow-from-namespace=")]
+    assert admitted == [
+        "--allow-from-namespace=pagoda-system",
+        "--allow-from-namespace=observability",
+        "--allow-from-namespace=prometheus",
+    ]
+    refused = helm(
+        "template",
+        "pagoda",
+        str(CHART),
+        "--set",
+        "networkPolicy.allowFromNamespaces={Monitoring}",
+        check=False,
+    )
+    assert refused.returncode != 0 and "allowFromNamespaces" in refused.stderr, refused.stderr
+
+
 def test_image_digest_wins_over_tag() -> None:
     docs = render("-f", str(CHART / "ci" / "external-crds-values.yaml"))
     (container,) = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["image"].startswith("registry.example.com/mirror/pagoda-operator@sha256:")
     assert not find(docs, "CustomResourceDefinition") and not find(docs, "ServiceAccount")
+
+
+def test_image_pull_secrets_are_the_operator_pods() -> None:
+    """`imagePullSecrets` is the operator pod's (its own image); the runtime pods take theirs from each
+    InferenceService's spec.runtime.imagePullSecrets."""
+    assert "imagePullSecrets" not in only(render(), "Deployment")["spec"]["template"]["spec"]
+    docs = render("-f", str(CHART / "ci" / "external-crds-values.yaml"))
+    assert only(docs, "Deployment")["spec"]["template"]["spec"]["imagePullSecrets"] == [
+        {"name": "mirror-pull"}
+    ]
+    docs = render(
+        "--set", "imagePullSecrets[0].name=regcred", "--set", "imagePullSecrets[1].name=mirror.pull"
+    )
+    pod = only(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror.pull"}]
 
 
 def test_runtime_image_value_becomes_the_operator_flag() -> None:
@@ -326,6 +368,9 @@ def test_monitoring_scenario_objects() -> None:
         ("operator.watchNamespace=Not_A_Namespace", "watchNamespace"),
         ("prometheusRule.kvCacheUsageRatio=1.5", "kvCacheUsageRatio"),
         ("metrics.serviceMonitor.interval=often", "interval"),
+        ("imagePullSecrets[0].name=Reg_Cred", "imagePullSecrets"),  # not a Secret name
+        ("imagePullSecrets[0]=regcred", "imagePullSecrets"),  # a list of {name}, as in a pod
+        ("imagePullSecrets[0].secret=regcred", "imagePullSecrets"),
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(setting: str, field: str) -> None:
@@ -390,3 +435,73 @@ def test_every_values_key_is_in_the_schema() -> None:
             walk(sub, node["properties"][key], f"{path}{key}.")
 
     walk(values, schema, "")
+
+
+def test_the_replicas_prefer_different_nodes_like_the_picker(default_docs: list[dict[str, Any]]) -> None:
+    """One node lost takes at most one operator replica where the cluster has room (a preference, so a
+    one-node cluster still runs both), as the endpoint picker's replicas (resources/routing.py)."""
+    deployment = only(default_docs, "Deployment")
+    affinity = deployment["spec"]["template"]["spec"]["affinity"]
+    term = {"labelSelector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}}
+    term["topologyKey"] = "kubernetes.io/hostname"
+    assert affinity == {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+        }
+    }
+    picker = deployment_of_picker()
+    assert picker["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0].keys() == (
+        affinity["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0].keys()
+    )
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": []}}}
+    docs = render("--set-json", f"operator.affinity={json.dumps(own)}")
+    assert only(docs, "Deployment")["spec"]["template"]["spec"]["affinity"] == own  # replaces the default
+
+
+def deployment_of_picker() -> dict[str, Any]:
+    """The endpoint picker's affinity, as the operator writes it for two replicas."""
+    from pagoda.operator.resources.routing import _apart
+
+    return _apart("tiny")
+
+
+def test_the_operator_holds_no_lease_rule_beyond_its_own_lease() -> None:
+    """The operator renews its own Lease only in the release's namespace (the Role `-self`), and holds no
+    other Lease rule, cluster-wide or namespaced (issue #40 §8: it could take kube-system's Leases): the
+    endpoint pickers' leader election is granted by binding the chart's ClusterRole, which the operator may
+    `bind` by name and nothing else."""
+    for docs in (render(), render("-f", str(CHART / "ci" / "namespaced-values.yaml"))):
+        assert ("coordination.k8s.io", "leases") not in grants(docs, "ClusterRole")
+        with_leases = [
+            role["metadata"]
+            for role in find(docs, "Role")
+            if any("leases" in rule["resources"] for rule in role["rules"])
+        ]
+        assert [(m["name"], m["namespace"]) for m in with_leases] == [("pagoda-self", "pagoda-system")]
+        (own,) = find(docs, "Role", "pagoda-self")
+        renewed = [r for r in own["rules"] if r["resources"] == ["leases"] and "update" in r["verbs"]]
+        assert [rule["resourceNames"] for rule in renewed] == [["pagoda-leader"]]
+        binds = [
+            rule
+            for role in [*find(docs, "ClusterRole"), *find(docs, "Role")]
+            if role["metadata"]["name"] != PICKER_ROLE
+            for rule in role["rules"]
+            if "bind" in rule["verbs"]
+        ]
+        assert [(rule["resources"], rule["resourceNames"]) for rule in binds] == [
+            (["clusterroles"], [PICKER_ROLE])
+        ]
+
+
+def test_the_picker_cluster_role_is_what_the_operator_binds() -> None:
+    """The chart's ClusterRole carries exactly routing.PICKER_CLUSTER_RULES, and the operator is started with
+    its name, so the RoleBindings it makes refer to it; without rbac.create, no flag (each picker then gets
+    a Role of its own)."""
+    docs = render()
+    (role,) = [r for r in find(docs, "ClusterRole") if r["metadata"]["name"] == PICKER_ROLE]
+    assert role["rules"] == PICKER_CLUSTER_RULES
+    args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--picker-cluster-role={PICKER_ROLE}" in args
+    bare = render("--set", "rbac.create=false")
+    args = only(bare, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not any(arg.startswith("--picker-cluster-role") for arg in args)

@@ -29,6 +29,9 @@ TEXTS = (
     contract.CAPACITY_PATH,
     contract.MANAGEMENT_KEY_DIR,
     contract.MANAGEMENT_PUBLIC_KEY_PATH,
+    contract.MANAGEMENT_AUTH_SCHEME,
+    contract.POD_UID_ENV,
+    contract.POD_IP_ENV,
     contract.TLS_DIR,
     contract.TLS_CERT_PATH,
     contract.TLS_KEY_PATH,
@@ -37,6 +40,7 @@ TEXTS = (
     contract.KV_CACHE_USAGE_METRIC,
     contract.ADAPTER_NAME_PATTERN,
     contract.S3_BUCKET_PATTERN,
+    contract.IMAGE_MODEL_NAME,  # the oci:// served name (also in IMAGE_MODEL_DIR)
 )
 SETS = [
     frozenset(contract.DTYPES),

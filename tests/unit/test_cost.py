@@ -40,8 +40,19 @@ def exported() -> dict[str, dict[str, Any]]:
 def schema_at(root: dict[str, Any], path: list[str]) -> dict[str, Any]:
     node = root
     for part in path:
+        if node.get("type") == "array":  # a list (status.conditions): one series per item
+            node = node["items"]
         node = node["properties"][part]
     return node
+
+
+def read_as_number(path: list[str], field: dict[str, Any]) -> bool:
+    """A number, or a string kube-state-metrics reads as one: a condition's status (True 1, False and Unknown
+    0) and an RFC 3339 time (Unix seconds)."""
+    if field["type"] in {"number", "integer"}:
+        return True
+    statuses = set(field.get("enum") or []) == {"True", "False", "Unknown"}
+    return field["type"] == "string" and (statuses or path[-1] == "lastTransitionTime")
 
 
 def test_config_names_the_inferenceservice_crd() -> None:
@@ -64,7 +75,7 @@ def test_every_path_is_a_field_of_the_crd(crd_root_schema: dict[str, Any]) -> No
             assert value["type"] == "object" and value["properties"], name
             assert {field["type"] for field in value["properties"].values()} <= {"number", "integer"}, name
         else:
-            assert value["type"] in {"number", "integer"}, name
+            assert read_as_number(base + gauge.get("valueFrom", []), value), name
         for label_path in gauge.get("labelsFromPath", {}).values():
             assert schema_at(crd_root_schema, base + label_path)["type"] == "string", name
     assert set(exported()) == {
@@ -76,6 +87,9 @@ def test_every_path_is_a_field_of_the_crd(crd_root_schema: dict[str, Any]) -> No
         "pagoda_inferenceservice_status_profile_concurrency",
         "pagoda_inferenceservice_status_profile_output_tokens_per_second",
         "pagoda_inferenceservice_status_profile_requests_per_second",
+        "pagoda_inferenceservice_status_sizing_target_per_replica",
+        "pagoda_inferenceservice_status_condition",
+        "pagoda_inferenceservice_status_condition_last_transition_time",
     }
 
 

@@ -40,4 +40,4 @@ def test_a_refused_connection_is_an_os_error_that_names_the_call(kube: Kube) -> 
 def test_a_candidate_waits_on_through_an_unreachable_api_server(kube: Kube) -> None:
     elector = LeaderElector(kube, "ops", "pagoda-leader", "replica-a_1234")
     assert elector.try_acquire_or_renew() is False
-    assert not elector.is_leader
+    assert not elector.holds_lease()

@@ -18,7 +18,7 @@ from pagoda.operator.reconcile import core
 from pagoda.operator.reconcile.adapters import AdapterSync, failure_events
 from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.kube import KubeError
-from pagoda.runtime import management
+from pagoda.runtime import contract, management
 
 Obj = dict[str, Any]
 SIGNER = management.Signer(management.new_private_key())  # the operator's key
@@ -43,9 +43,8 @@ class FakeAdapterRuntimes:
         self.ranks, self.max_rank, self.max_adapters = ranks, max_rank, max_adapters
         self.unreachable: set[str] = set()
         self.slow: set[str] = set()  # PUT/DELETE time out (the work goes on)
-        self.verifier = management.Verifier(
-            self.key_file
-        )  # the runtime's real check of the operator's signature
+        # Each pod's runtime checks the operator's signature as the real one does, as the pod it is (UIDS).
+        self.verifiers: dict[str, management.Verifier] = {}  # "<ip>/<uid>" -> its runtime's check
         self.calls: list[tuple[str, str, str]] = []  # (method, ip, name or "")
 
     def __call__(
@@ -57,8 +56,15 @@ class FakeAdapterRuntimes:
         if ip in self.unreachable:
             raise OSError("[Errno 113] No route to host")
         parts = urlsplit(url)
+        uid = UIDS.get(ip, "")
+        if f"{ip}/{uid}" not in self.verifiers:
+            env = {contract.POD_UID_ENV: uid, contract.POD_IP_ENV: ip}
+            identity = management.PodIdentity.from_env(env, "0.0.0.0", parts.port or 0)
+            self.verifiers[f"{ip}/{uid}"] = management.Verifier(self.key_file, identity)
         try:
-            self.verifier.check(method, parts.netloc, parts.path, data or b"", headers.get("authorization"))
+            self.verifiers[f"{ip}/{uid}"].check(
+                method, parts.netloc, parts.path, data or b"", headers.get("authorization")
+            )
         except management.Unauthorized as exc:
             return 401, _err(f"Unauthorized: {exc}", "Unauthorized")
         body = json.loads(data) if data else None
@@ -111,7 +117,12 @@ def _err(message: str, kind: str) -> Obj:
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
+# What each pod's downward API tells its runtime: pod IP -> the pod's UID (set by pod()).
+UIDS: dict[str, str] = {}
+
+
 def pod(uid: str, ip: str, ready: bool = True, restarts: int = 0) -> Obj:
+    UIDS[ip] = uid
     status: Obj = {
         "podIP": ip,
         "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -356,6 +367,21 @@ def test_a_pod_that_refuses_the_signature_is_reported_unauthorized() -> None:
     assert (entry["state"], entry["reason"]) == ("Loading", "Unauthorized")
     assert "does not verify with the operator's public key" in entry["message"]
     assert runtimes.loaded(IPS[0]) == {} and runtimes.calls == [("GET", IPS[0], "")]
+
+
+def test_each_call_is_signed_for_the_pod_it_goes_to() -> None:
+    """The operator signs for the pod's UID and its IP: a pod that is not the one the operator meant (a new
+    pod at an IP the operator still knows as another's) refuses the call, and the status says why."""
+    runtimes = FakeAdapterRuntimes(IPS[:1], {SQL: 8})
+    meant = pod("a", IPS[0])
+    UIDS[IPS[0]] = "z"  # the runtime at that IP is pod z
+    report = AdapterSync(SIGNER, runtimes).sync(spec_of(owner({"sql": SQL})), [meant])
+    entry = report.status["adapters"][0]
+    assert (entry["state"], entry["reason"]) == ("Loading", "Unauthorized")
+    assert "signed for pod 'a', and this is pod 'z'" in entry["message"]
+    assert runtimes.loaded(IPS[0]) == {}
+    report = AdapterSync(SIGNER, runtimes).sync(spec_of(owner({"sql": SQL})), [pod("z", IPS[0])])
+    assert report.status["adaptersReady"] == "1/1" and runtimes.loaded(IPS[0]) == {"sql": SQL}
 
 
 def test_the_status_fits_the_crd() -> None:

@@ -18,6 +18,8 @@ from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
         (["--kubeconfig", "/nonexistent/kubeconfig"], "--kubeconfig"),
         (["--runtime-image", ""], "--runtime-image"),
         (["--runtime-image", "two words"], "--runtime-image"),
+        (["--picker-cluster-role", ""], "--picker-cluster-role"),
+        (["--picker-cluster-role", "a/b"], "--picker-cluster-role"),
     ],
 )
 def test_bad_flags_name_the_flag(argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -31,3 +33,4 @@ def test_defaults() -> None:
     args = parse_args([])
     assert (args.namespace, args.metrics_port, args.workers, args.resync_seconds) == (None, 8080, 8, 300.0)
     assert args.runtime_image == DEFAULT_RUNTIME_IMAGE
+    assert args.picker_cluster_role is None  # each endpoint picker gets a Role of its own

@@ -83,11 +83,12 @@ def test_secret_names_from_pod_template() -> None:
                         }
                     ],
                     "volumes": [{"name": "v", "secret": {"secretName": "hf"}}],
+                    "imagePullSecrets": [{"name": "regcred"}, {"name": "aws"}],
                 }
             }
         },
     }
-    assert secret_names([deployment, {"kind": "Service"}]) == ["hf", "aws"]
+    assert secret_names([deployment, {"kind": "Service"}]) == ["hf", "aws", "regcred"]
 
 
 def test_apply_problem_reasons() -> None:

@@ -334,6 +334,9 @@ class ApplyingKube:
         self.applied: list[Obj] = []
         self.events: list[Obj] = []
 
+    def check_leader(self, what: str) -> None:
+        """No leader election here: every pass and write may go (kube.py's fence)."""
+
     def apply(self, manifest: Obj, plural: str) -> Obj:
         self.applied.append(manifest)
         return copy.deepcopy(manifest)

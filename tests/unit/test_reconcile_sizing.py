@@ -29,13 +29,15 @@ def autoscaling(current: int, in_flight_per_replica: str | None) -> dict[str, An
 
 
 def test_the_load_is_the_in_flight_reading_against_the_ready_replicas_capacity() -> None:
-    # 3.5 per replica on 2 replicas: 7 in flight; 2 Ready replicas of 4 each serve 8 within the SLO.
+    # 3.5 per replica on 2 replicas: 7 in flight; 2 Ready replicas of 4 each serve 8 within the SLO; the
+    # HPA of metric SLO aims at 0.8 x 4 = 3 per replica, so 7 in flight need 3 replicas (not 7 / 4 -> 2).
     sizing = sizing_status(SPEC, PROFILE, autoscaling(2, "3500m"), ready_replicas=2)
     assert sizing == {
         "inFlight": 7.0,
         "capacity": 8,
         "loadPercent": 88,
-        "replicasNeeded": 2,
+        "targetPerReplica": 3,
+        "replicasNeeded": 3,
         # 2.5 per GPU-hour x 2 GPUs / (500 tokens/s x 3600 s) x 1M
         "costPerMillionTokens": 2.7778,
         "currency": "USD",
@@ -45,7 +47,7 @@ def test_the_load_is_the_in_flight_reading_against_the_ready_replicas_capacity()
 def test_a_load_above_the_capacity_reads_over_100_percent_and_asks_for_more_replicas() -> None:
     sizing = sizing_status(SPEC, PROFILE, autoscaling(1, "9"), ready_replicas=1)
     assert sizing is not None
-    assert (sizing["loadPercent"], sizing["replicasNeeded"]) == (225, 3)
+    assert (sizing["loadPercent"], sizing["replicasNeeded"]) == (225, 3)  # 9 / 3 per replica
 
 
 def test_no_ready_replica_has_no_percent_but_still_says_what_the_load_needs() -> None:
@@ -63,7 +65,12 @@ def test_without_an_in_flight_reading_only_capacity_and_cost_are_known() -> None
     unknown = autoscaling(1, None)  # the HPA has not read the metric yet
     for reading in (queue_depth, unknown, None):
         sizing = sizing_status(SPEC, PROFILE, reading, ready_replicas=1)
-        assert sizing == {"capacity": 4, "costPerMillionTokens": 2.7778, "currency": "USD"}, reading
+        assert sizing == {
+            "capacity": 4,
+            "targetPerReplica": 3,
+            "costPerMillionTokens": 2.7778,
+            "currency": "USD",
+        }, reading
 
 
 def test_nothing_without_an_slo_or_a_profile() -> None:
@@ -122,6 +129,7 @@ def test_compute_status_reports_sizing_that_fits_the_status_model_and_drops_it_w
         "inFlight": 6.0,
         "capacity": 8,
         "loadPercent": 75,
+        "targetPerReplica": 3,
         "replicasNeeded": 2,
         "costPerMillionTokens": 2.7778,
         "currency": "USD",

@@ -11,6 +11,7 @@ from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources.args import COMMAND, runtime_args
 from pagoda.operator.resources.chattemplate import CHAT_TEMPLATE_PATH
 from pagoda.runtime.config import ServeConfig, add_serve_flags, config_from_args
+from pagoda.runtime.contract import MAX_REQUEST_BODY_BYTES
 from pagoda.runtime.sources import parse_model_uri
 
 
@@ -65,6 +66,17 @@ def test_engine_variants_round_trip(llama_spec: dict[str, Any], engine: dict[str
     llama_spec["engine"] = {"tensorParallelSize": 4, **engine}
     llama_spec["model"]["revision"] = "main"
     _check_round_trip(InferenceServiceSpec.model_validate(llama_spec))
+
+
+def test_the_body_limit_is_a_flag_only_when_the_spec_sets_it(llama_spec: dict[str, Any]) -> None:
+    """Unset, the runtime keeps its own default; set, the runtime parses the same number of bytes."""
+    args = runtime_args(InferenceServiceSpec.model_validate(llama_spec))
+    assert not any(arg.startswith("--max-request-body-bytes") for arg in args)
+    assert parse_like_the_runtime(args).max_request_body_bytes == MAX_REQUEST_BODY_BYTES
+    llama_spec["runtime"] = {"maxRequestBodyBytes": 64 * 1024**2}
+    args = runtime_args(InferenceServiceSpec.model_validate(llama_spec))
+    assert args[args.index("--max-request-body-bytes") + 1] == "67108864"
+    assert parse_like_the_runtime(args).max_request_body_bytes == 64 * 1024**2
 
 
 def test_command_is_the_runtime_console_script() -> None:

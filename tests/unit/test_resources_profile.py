@@ -66,6 +66,21 @@ def test_its_container_is_a_replicas_with_profile_instead_of_serve(llama_spec: d
     assert args[args.index("--streams") + 1] == "1,2,4,8,16"
 
 
+def test_its_pod_pulls_with_the_replicas_secrets_and_keeps_their_body_limit(
+    llama_spec: dict[str, Any],
+) -> None:
+    """The Job runs the runtime image (and mounts an oci:// model) too: without the pull secrets a private
+    image would leave it in ImagePullBackOff until its deadline."""
+    secrets = [{"name": "regcred"}]
+    spec = spec_with(llama_spec, runtime={"imagePullSecrets": secrets, "maxRequestBodyBytes": 1024**2})
+    replica = deployment("llm", "ns", spec, "runtime:1")["spec"]["template"]["spec"]
+    pod = job_of(spec)["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == replica["imagePullSecrets"] == secrets
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--max-request-body-bytes") + 1] == str(1024**2)
+    assert "imagePullSecrets" not in job_of(spec_with(llama_spec))["spec"]["template"]["spec"]
+
+
 def test_engine_extra_args_stay_after_the_profile_flags() -> None:
     slo = spec_with({**_tiny(), "engine": {"extraArgs": ["--max-num-batched-tokens", "512"]}}).slo
     assert slo is not None

@@ -174,9 +174,11 @@ def test_scaled_object_queries_only_this_service(llama_spec: dict[str, Any]) -> 
     queue, kv = scaled["triggers"]
     # targetQueueDepth without `metric` (the API before it existed) keeps scaling on the queue depth.
     assert queue["name"] == "queue-depth"
-    assert queue["metadata"]["query"] == 'sum(pagoda_queue_depth{namespace="team-a",service="llama"})'
+    assert queue["metadata"]["query"] == QUEUE_QUERY
     assert queue["metricType"] == "AverageValue" and queue["metadata"]["threshold"] == "5"
-    assert kv["metadata"]["query"] == 'max(pagoda_kv_cache_usage_ratio{namespace="team-a",service="llama"})'
+    assert kv["metadata"]["query"] == (
+        '(max(pagoda_kv_cache_usage_ratio{namespace="team-a",service="llama"}))' + NO_TARGETS
+    )
     assert kv["metadata"]["threshold"] == "0.8"
     assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (1, 4)
     behavior = scaled["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
@@ -245,6 +247,22 @@ def test_oci_model_is_an_image_volume_mounted_where_the_runtime_looks(llama_spec
     assert parse_model_uri(llama_spec["model"]["uri"]).location == IMAGE_MODEL_DIR
 
 
+def test_pull_secrets_are_the_pods_for_the_runtime_image_and_an_oci_model(llama_spec: dict[str, Any]) -> None:
+    """The kubelet pulls an image volume with the pod's imagePullSecrets, as it pulls the containers' images:
+    one list serves a private runtime image and a private model image."""
+    pod = _by_kind(_children("m", llama_spec))["Deployment"]["spec"]["template"]["spec"]
+    assert "imagePullSecrets" not in pod  # unset: the ServiceAccount's, which Kubernetes adds to the pods
+    llama_spec["model"] = {"uri": "oci://registry.example/models/llama:3.1"}
+    secrets = [{"name": "runtime-pull"}, {"name": "models.pull"}]
+    llama_spec["runtime"] = {"image": "registry.example/pagoda/runtime:dev", "imagePullSecrets": secrets}
+    pod = _by_kind(_children("m", llama_spec))["Deployment"]["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == secrets
+    assert pod["containers"][0]["image"] == "registry.example/pagoda/runtime:dev"
+    assert {v["name"]: v for v in pod["volumes"]}["model-source"]["image"]["reference"] == (
+        "registry.example/models/llama:3.1"
+    )
+
+
 def test_builders_are_pure(llama_spec: dict[str, Any]) -> None:
     spec = InferenceServiceSpec.model_validate(llama_spec)
     first = desired_children("a", "b", spec)
@@ -263,10 +281,14 @@ def test_image_override(llama_spec: dict[str, Any], image: str | None) -> None:
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (image or "d:1")
 
 
+# Each replica query answers 0 while Prometheus has no scrape target of the service (no pod), and nothing
+# (a KEDA failure) while targets exist without the series.
+NO_TARGETS = ' or on() (0 * absent(up{namespace="team-a",service="llama"}))'
 IN_FLIGHT_QUERY = (
-    'sum(pagoda_running_requests{namespace="team-a",service="llama"})'
-    ' + sum(pagoda_queue_depth{namespace="team-a",service="llama"})'
+    '(sum(pagoda_running_requests{namespace="team-a",service="llama"})'
+    ' + sum(pagoda_queue_depth{namespace="team-a",service="llama"}))' + NO_TARGETS
 )
+QUEUE_QUERY = '(sum(pagoda_queue_depth{namespace="team-a",service="llama"}))' + NO_TARGETS
 
 
 @pytest.mark.parametrize(
@@ -279,13 +301,13 @@ IN_FLIGHT_QUERY = (
         (
             {"metric": "QueueDepth"},
             "queue-depth",
-            'sum(pagoda_queue_depth{namespace="team-a",service="llama"})',
+            QUEUE_QUERY,
             "5",
         ),
         (
             {"metric": "QueueDepth", "targetQueueDepth": 3},
             "queue-depth",
-            'sum(pagoda_queue_depth{namespace="team-a",service="llama"})',
+            QUEUE_QUERY,
             "3",
         ),
     ],

@@ -66,6 +66,30 @@ def test_routing_objects_only_with_spec_routing() -> None:
     assert not any(kind in ("InferencePool", "ConfigMap", "Role") for kind, _ in children(plain))
 
 
+def test_with_the_charts_cluster_role_the_picker_is_bound_to_it_in_its_namespace_only() -> None:
+    """--picker-cluster-role (the chart): no Role of the picker's own, whose rules the operator would have to
+    hold; a RoleBinding in the service's namespace to the chart's ClusterRole, under a name of its own (a
+    roleRef cannot change, so the old `tiny-epp` binding is pruned, not patched)."""
+    built = desired_children(
+        "tiny", "ns", InferenceServiceSpec.model_validate(BASE), picker_cluster_role="pagoda-endpoint-picker"
+    )
+    by_key = {(child["kind"], child["metadata"]["name"]): child for child in built}
+    assert not any(kind == "Role" for kind, _ in by_key)
+    assert ("RoleBinding", "tiny-epp") not in by_key
+    binding = by_key[("RoleBinding", "tiny-epp-shared")]
+    assert binding["metadata"]["namespace"] == "ns"
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": "pagoda-endpoint-picker",
+    }
+    pod = by_key[("Deployment", "tiny-epp")]["spec"]["template"]["spec"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "ns"}
+    ]
+    assert binding["metadata"]["labels"] == by_key[("ServiceAccount", "tiny-epp")]["metadata"]["labels"]
+
+
 def test_pool_selects_the_runtime_pods_and_never_the_picker() -> None:
     built = children(BASE)
     pool = built[("InferencePool", "tiny")]["spec"]

@@ -1,9 +1,11 @@
 """Tier 1: spec.runtime.tls in the API (pydantic and the CRD's CEL, one message), in the children (pod,
 Service, ServiceMonitor, profile Job) and in the operator's calls to a pod (a real HTTPS server on
-loopback, the call made as the operator makes it)."""
+loopback, the call made as the operator makes it: verified against the Secret's CA, for the Service's name,
+or refused)."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import ssl
@@ -16,14 +18,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from e2e._pki import write_tls_dir
+from e2e._pki import TlsDir, write_tls_dir
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api import rules as r
-from pagoda.operator.reconcile.adapters import AdapterSync
+from pagoda.operator.reconcile.adapters import AdapterSync, PodTrust
 from pagoda.operator.reconcile.cache import _slim_pod as slim_pod
+from pagoda.operator.reconcile.capacity import CapacityReader
+from pagoda.operator.reconcile.kube import KubeError
 from pagoda.operator.resources import desired_children
 from pagoda.operator.resources.meta import service_url
-from pagoda.operator.resources.tls import pod_scheme, pod_url
+from pagoda.operator.resources.tls import pod_scheme, pod_tls, pod_url
 from pagoda.runtime import contract
 from pagoda.runtime.management import Signer, new_private_key
 
@@ -184,47 +188,81 @@ def test_the_operators_pod_cache_keeps_what_tells_the_scheme(llama_spec: dict[st
         assert pod_url(slim_pod(pod), 8000, "/v1/x") == f"{scheme}://10.0.0.7:8000/v1/x"
 
 
+Seen = list[tuple[str, str, str, str]]  # (method, path, Host, Authorization) of each call that got through
+
+
 @pytest.fixture
-def https_runtime(tmp_path: Path) -> Iterator[tuple[int, list[tuple[str, str, str]]]]:
-    """An HTTPS server on loopback answering the adapters API as an empty runtime does, with a certificate
-    that names neither 127.0.0.1 nor anything the operator knows; records (method, path, authorization)."""
-    pki = write_tls_dir(tmp_path / "tls", "llama", ["llama.llm.svc"], [])
-    seen: list[tuple[str, str, str]] = []
+def https_runtime() -> Iterator[Callable[[TlsDir], tuple[int, Seen]]]:
+    """Serves HTTPS on loopback with a given certificate (none names 127.0.0.1), answering the adapters API
+    and the capacity endpoint as a runtime with one adapter Loaded does; records what reaches it."""
+    servers: list[ThreadingHTTPServer] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(("GET", self.path, self.headers.get("authorization", "")))
-            body = json.dumps({"adapters": [{"name": "sql", "source": SQL, "state": "Loaded"}]}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def serve(pki: TlsDir) -> tuple[int, Seen]:
+        seen: Seen = []
 
-        def log_message(self, *args: Any) -> None:
-            return
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                seen.append(("GET", self.path, self.headers["host"], self.headers.get("authorization", "")))
+                answer: dict[str, Any] = {"adapters": [{"name": "sql", "source": SQL, "state": "Loaded"}]}
+                if self.path == contract.CAPACITY_PATH:
+                    answer = {"kvCacheTokens": 4096, "maxModelLen": 2048, "maxConcurrency": 2.0}
+                body = json.dumps(answer).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(pki.cert, pki.key)
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1], seen
-    finally:
+            def log_message(self, *args: Any) -> None:
+                return
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki.cert, pki.key)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server.server_address[1], seen
+
+    yield serve
+    for server in servers:
         server.shutdown()
         server.server_close()
 
 
-def test_the_operator_calls_a_tls_pod_over_https(
-    llama_spec: dict[str, Any], https_runtime: tuple[int, list[tuple[str, str, str]]]
-) -> None:
-    port, seen = https_runtime
-    spec = spec_of({**llama_spec, "lora": {"adapters": [{"name": "sql", "uri": SQL}]}}, tls=TLS)
-    template = children(spec)["Deployment"]["spec"]["template"]
-    pod = {
-        "metadata": {"name": "llama-0", "uid": "u1"},
+class Secrets:
+    """The API server's Secrets as PodTrust reads them: by name, or a 403 for a namespace it may not read."""
+
+    def __init__(self, **secrets: dict[str, bytes]) -> None:
+        self.secrets, self.reads, self.forbidden = secrets, 0, False
+
+    def get(self, api_version: str, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert (api_version, plural) == ("v1", "secrets")
+        self.reads += 1
+        if self.forbidden:
+            raise KubeError(403, "Forbidden", f'secrets "{name}" is forbidden: cannot get resource "secrets"')
+        data = self.secrets.get(name)
+        if data is None:
+            return None
+        return {
+            "metadata": {"name": name},
+            "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+        }
+
+
+def secret_of(pki: TlsDir, *, ca: bool = True) -> dict[str, bytes]:
+    files = {"tls.crt": pki.cert, "tls.key": pki.key} | ({"ca.crt": pki.ca_cert} if ca else {})
+    return {key: path.read_bytes() for key, path in files.items()}
+
+
+def tls_pod(
+    llama_spec: dict[str, Any], name: str = "llama", tls: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A Ready pod of InferenceService `name` in namespace llm made with spec.runtime.tls, on loopback."""
+    spec = spec_of({**llama_spec, "lora": {"adapters": [{"name": "sql", "uri": SQL}]}}, tls=tls or TLS)
+    template = children(spec, name)["Deployment"]["spec"]["template"]
+    return {
+        "metadata": {"name": f"{name}-0", "uid": f"uid-{name}", "namespace": "llm", **template["metadata"]},
         "spec": template["spec"],
         "status": {
             "podIP": "127.0.0.1",
@@ -232,8 +270,117 @@ def test_the_operator_calls_a_tls_pod_over_https(
             "containerStatuses": [{"name": "runtime", "restartCount": 0}],
         },
     }
-    sync = AdapterSync(Signer(new_private_key()), port=port)
-    report = sync.sync(spec, [pod])
-    assert seen and seen[0][:2] == ("GET", contract.ADAPTERS_PATH), report
-    assert seen[0][2].startswith("Pagoda-Ed25519 ")
-    assert report.status.get("adaptersReady") == "1/1", report.status
+
+
+def trust(secrets: Secrets, **tls_of: dict[str, Any]) -> PodTrust:
+    """The operator's PodTrust, with InferenceServices `tls_of` (name: spec.runtime.tls) in namespace llm."""
+    owners = {("llm", name): {"spec": {"runtime": {"tls": tls}}} for name, tls in tls_of.items()}
+    return PodTrust(secrets, lambda namespace, name: owners.get((namespace, name)))  # type: ignore[arg-type]
+
+
+def sync_once(
+    llama_spec: dict[str, Any], port: int, trusted: PodTrust | None, name: str = "llama"
+) -> dict[str, Any]:
+    """One pass of the operator's adapter sync over one TLS pod; the status it reports."""
+    spec = spec_of({**llama_spec, "lora": {"adapters": [{"name": "sql", "uri": SQL}]}}, tls=TLS)
+    sync = AdapterSync(Signer(new_private_key()), port=port, trust=trusted)
+    status: dict[str, Any] = sync.sync(spec, [tls_pod(llama_spec, name)]).status
+    return status
+
+
+def test_a_tls_pod_is_called_once_its_certificate_verifies_against_the_secrets_ca(
+    llama_spec: dict[str, Any], https_runtime: Callable[[TlsDir], tuple[int, Seen]], tmp_path: Path
+) -> None:
+    pki = write_tls_dir(tmp_path / "tls", "llama", ["llama.llm.svc"], [])
+    port, seen = https_runtime(pki)
+    secrets = Secrets(**{"llama-tls": secret_of(pki)})
+    status = sync_once(llama_spec, port, trust(secrets, llama=TLS))
+    assert status.get("adaptersReady") == "1/1", status
+    (method, path, host, authorization) = seen[0]
+    assert (method, path, host) == ("GET", contract.ADAPTERS_PATH, f"127.0.0.1:{port}")  # the Host signed
+    assert authorization.startswith("Pagoda-Ed25519 ")
+
+    reader = CapacityReader(port=port, trust=trust(secrets, llama=TLS))
+    capacity = reader.status([tls_pod(llama_spec)])
+    assert capacity == {"kvCacheTokens": 4096, "maxModelLen": 2048, "maxConcurrency": 2.0}
+    assert seen[-1][1] == contract.CAPACITY_PATH
+
+
+def test_a_pod_with_a_certificate_from_another_ca_or_for_another_name_gets_no_call(
+    llama_spec: dict[str, Any], https_runtime: Callable[[TlsDir], tuple[int, Seen]], tmp_path: Path
+) -> None:
+    """Whoever answers on a pod's IP with a certificate the Secret's CA did not issue, or one issued for
+    another service, is not sent the signed call (the handshake fails before any request)."""
+    right = write_tls_dir(tmp_path / "right", "llama", ["llama.llm.svc"], [])
+    impostor = write_tls_dir(tmp_path / "impostor", "llama", ["llama.llm.svc"], [])  # another CA
+    port, seen = https_runtime(impostor)
+    secrets = Secrets(**{"llama-tls": secret_of(right)})
+    status = sync_once(llama_spec, port, trust(secrets, llama=TLS))
+    (entry,) = status["adapters"]
+    assert (entry["state"], entry["reason"]) == ("Loading", "CertificateNotVerified"), entry
+    assert "certificate verify failed" in entry["message"]
+    assert CapacityReader(port=port, trust=trust(secrets, llama=TLS)).status([tls_pod(llama_spec)]) is None
+
+    port, seen_right = https_runtime(right)  # the right CA, but the pod is another service's
+    status = sync_once(llama_spec, port, trust(secrets, other=TLS), name="other")
+    (entry,) = status["adapters"]
+    assert entry["reason"] == "CertificateNotVerified", entry
+    assert "other.llm.svc" in entry["message"], entry
+    assert seen == [] and seen_right == []
+
+
+def test_without_a_ca_the_pods_are_not_called_unless_the_spec_skips_verification(
+    llama_spec: dict[str, Any], https_runtime: Callable[[TlsDir], tuple[int, Seen]], tmp_path: Path
+) -> None:
+    pki = write_tls_dir(tmp_path / "tls", "llama", ["llama.llm.svc"], [])
+    port, seen = https_runtime(pki)
+    secrets = Secrets(**{"llama-tls": secret_of(pki, ca=False)})
+    (entry,) = sync_once(llama_spec, port, trust(secrets, llama=TLS))["adapters"]
+    assert entry["reason"] == "CertificateNotVerified", entry
+    assert (
+        "Secret llm/llama-tls has no ca.crt" in entry["message"] and "insecureSkipVerify" in entry["message"]
+    )
+
+    secrets.forbidden = True  # the operator may not read the Secret: said, not skipped
+    (entry,) = sync_once(llama_spec, port, trust(secrets, llama=TLS))["adapters"]
+    assert "HTTP 403" in entry["message"] and "get` on Secrets" in entry["message"], entry
+
+    (entry,) = sync_once(llama_spec, port, None)["adapters"]  # no PodTrust at all: refused too
+    assert entry["reason"] == "CertificateNotVerified", entry
+    assert seen == []
+
+    skip = {**TLS, "insecureSkipVerify": True}  # the spec's choice: encrypted, not authenticated
+    reads = secrets.reads
+    status = sync_once(llama_spec, port, trust(secrets, llama=skip))
+    assert status.get("adaptersReady") == "1/1" and len(seen) == 1, status
+    assert secrets.reads == reads, "insecureSkipVerify needs no read of the Secret"
+
+
+def test_the_secret_is_read_once_and_only_its_ca_is_kept(llama_spec: dict[str, Any], tmp_path: Path) -> None:
+    pki = write_tls_dir(tmp_path / "tls", "llama", ["llama.llm.svc"], [])
+    secrets = Secrets(**{"llama-tls": secret_of(pki)})
+    trusted = trust(secrets, llama=TLS)
+    first = trusted.for_pod(tls_pod(llama_spec))
+    assert trusted.for_pod(tls_pod(llama_spec)) is first and secrets.reads == 1
+    assert first.verified and first.server_name == "llama.llm.svc" and first.refused is None
+    assert first.context is not None and first.context.verify_mode == ssl.CERT_REQUIRED
+    assert first.context.check_hostname
+    assert "PRIVATE" not in repr(vars(first)) + repr(trusted._known)
+
+
+def test_the_choice_follows_the_spec_and_the_secret() -> None:
+    """Pure: what the operator does with a TLS pod, for each spec and Secret."""
+    assert pod_tls("llm", "llama", None, None, None).refused == (
+        "spec.runtime.tls is unset, so the operator has no CA for this pod's TLS"
+    )
+    skipped = pod_tls("llm", "llama", {"secretName": "s", "insecureSkipVerify": True}, None, None)
+    assert (
+        not skipped.verified and skipped.context is not None and skipped.context.verify_mode == ssl.CERT_NONE
+    )
+    refused = pod_tls("llm", "llama", {"secretName": "s"}, "not a certificate", None)
+    assert (
+        refused.refused is not None and "ca.crt of Secret llm/s is not a PEM certificate" in refused.refused
+    )
+    unreadable = pod_tls("llm", "llama", {"secretName": "s"}, None, "it does not exist")
+    assert unreadable.refused is not None
+    assert unreadable.refused.startswith("cannot read Secret llm/s for its ca.crt: it does not exist")

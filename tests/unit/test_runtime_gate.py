@@ -118,7 +118,7 @@ def _body_app() -> FastAPI:
     async def chat(request: Chat) -> dict[str, str]:
         return {"model": request.model}
 
-    @app.post("/raw")
+    @app.post("/v1/completions")
     async def raw(request: Request) -> dict[str, int]:
         return {"bytes": len(await request.body())}
 
@@ -164,7 +164,7 @@ def test_a_declared_body_over_the_limit_gets_413_before_any_of_it_is_read() -> N
     assert _is_413(sent) and read == 0 and state.in_flight == 0
 
 
-@pytest.mark.parametrize("path", ["/v1/chat/completions", "/raw"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_a_chunked_body_is_cut_as_soon_as_it_passes_the_limit(path: str) -> None:
     """The app's own answer to the body cut short (400, or a 500 and ClientDisconnect) never reaches the
     client, and the chunks after the one that passed the limit are not read."""

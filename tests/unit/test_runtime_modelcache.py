@@ -82,7 +82,7 @@ def test_runtimes_starting_together_download_once(tmp_path: Path) -> None:
         proc.join(timeout=10)
         assert proc.exitcode == 0
     assert len(downloads.read_text().split()) == 1
-    folder = str(root / "s3" / "models" / "llama" / "tiny")
+    folder = str(model_folder(parse_model_uri(URI), root))
     assert sorted(outcomes) == [(folder, 0), (folder, 0), (folder, 1000)]
 
 
@@ -94,7 +94,19 @@ def test_a_second_start_moves_nothing_and_records_the_model(tmp_path: Path) -> N
     second = ModelCache(tmp_path).fetch(source, None, lambda: model_folder(source, tmp_path))
     assert (first.bytes_moved, second.bytes_moved) == (700, 0)
     [record] = ModelCache(tmp_path).records().values()
-    assert record["uri"] == URI and record["bytes"] == 700 and record["folder"] == "s3/models/llama/tiny"
+    folder = model_folder(source, tmp_path).relative_to(tmp_path).as_posix()
+    assert record["uri"] == URI and record["bytes"] == 700 and record["folder"] == folder
+
+
+def test_a_file_written_again_with_the_same_size_is_no_hit(tmp_path: Path) -> None:
+    """A download that replaced a damaged file with a whole one of the same size moved bytes: the start is
+    reported as a fetch (status.startup's fetchedBytes), not as a hit."""
+    source = parse_model_uri(URI)
+    ModelCache(tmp_path).fetch(source, None, lambda: _write_model(model_folder(source, tmp_path), 700))
+    again = ModelCache(tmp_path).fetch(
+        source, None, lambda: _write_model(model_folder(source, tmp_path), 700)
+    )
+    assert again.bytes_moved == 700
 
 
 def _fill(cache: ModelCache, uri: str, size: int) -> None:
@@ -118,7 +130,7 @@ def test_eviction_deletes_the_least_recently_used_models_nobody_serves(tmp_path:
         _fill(newest, "s3://mm3/new", 1000)  # 3000 bytes in all: one model has to go
         remaining = sorted(r["uri"] for r in newest.records().values())
         assert remaining == ["s3://mm3/new", "s3://mm3/served"]
-        assert not (root / "s3" / "mm3" / "old").exists()
+        assert not model_folder(parse_model_uri("s3://mm3/old"), root).exists()
         report = newest.report()
         assert report["bytes"] == 2000 and report["maxBytes"] == 2500
         assert {m["uri"]: m["inUse"] for m in report["models"]} == {
@@ -153,10 +165,28 @@ def test_report_lists_models_biggest_first_and_skips_what_is_gone(tmp_path: Path
     (records / "elsewhere.json").write_text(
         json.dumps({"uri": "x", "folder": "../..", "bytes": 1, "lastUsed": 1})
     )
-    for path in (tmp_path / "s3" / "mm3" / "small").iterdir():
+    small = model_folder(parse_model_uri("s3://mm3/small"), tmp_path)
+    for path in small.iterdir():
         path.unlink()
-    (tmp_path / "s3" / "mm3" / "small").rmdir()
+    small.rmdir()
     assert [m["uri"] for m in ModelCache(tmp_path).report()["models"]] == ["hf://org/big"]
+
+
+def test_one_hf_name_on_two_hubs_is_two_models(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hf://org/m of huggingface.co and of a mirror (HF_ENDPOINT): two folders, so two records and two locks,
+    and the mirror's start reuses nothing of the other's copy; huggingface.co's stays where it always was."""
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    source, cache = parse_model_uri("hf://org/m"), ModelCache(tmp_path)
+    _fill(cache, "hf://org/m", 10)
+    default = model_folder(source, tmp_path)
+    assert default == tmp_path / "hf" / "models--org--m"
+    monkeypatch.setenv("HF_ENDPOINT", "https://hub.example")
+    mirror = model_folder(source, tmp_path)
+    assert mirror.parent.parent == tmp_path / "hf-hubs" and mirror.name == "models--org--m"
+    fetched = cache.fetch(source, None, lambda: mirror if mirror.is_dir() else _write_model(mirror, 20))
+    assert fetched.bytes_moved == 20
+    folders = {r["folder"]: r["bytes"] for r in cache.records().values()}
+    assert folders == {"hf/models--org--m": 10, mirror.relative_to(tmp_path).as_posix(): 20}
 
 
 def test_hub_snapshots_are_counted_once(tmp_path: Path) -> None:

@@ -117,7 +117,9 @@ def test_the_vllm_calls_the_runtime_makes_fit_their_signatures(vllm: Any) -> Non
         enable_log_requests=x,
         aggregate_engine_logging=x,
         disable_log_stats=x,
+        stat_loggers=x,
     )
+    accepts(AsyncLLM.get_num_unfinished_requests, x)  # the requests the engine holds (progress.py)
     fields = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     assert {"enable_log_requests", "aggregate_engine_logging", "disable_log_stats"} <= fields
     accepts(build_app, x, x, x)
@@ -195,3 +197,32 @@ def test_every_option_of_vllms_server_is_honoured_owned_or_refused(vllm: Any) ->
     parser = make_arg_parser(FlexibleArgumentParser())
     known = {option for action in parser._actions for option in action.option_strings}
     assert sorted_flags - known == set(), "a flag listed here is gone from vLLM"
+
+
+def test_the_step_logger_counts_each_step_vllm_reports(vllm: Any) -> None:
+    """progress.py's progress: runtime/engine.py's stat logger, behind vLLM's per-engine adapter as AsyncLLM
+    wraps it, counts one step per scheduler statistics report, also one without IterationStats (a step that
+    computed part of a prefill and produced no output). The config fields the default timeout reads exist."""
+    from vllm.config import ModelConfig, SchedulerConfig
+    from vllm.v1.metrics.loggers import PerEngineStatLoggerAdapter, StatLoggerBase
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from pagoda.runtime.engine import step_logger
+    from pagoda.runtime.progress import EngineSteps
+
+    steps = EngineSteps()
+    factory = step_logger(steps)
+    assert issubclass(factory, StatLoggerBase)
+    adapter = PerEngineStatLoggerAdapter(
+        vllm_config=None,  # type: ignore[arg-type]
+        engine_indexes=[0],
+        per_engine_stat_logger_factory=factory,
+    )
+    adapter.log_engine_initialized()
+    adapter.record(scheduler_stats=SchedulerStats(num_running_reqs=1), iteration_stats=None, engine_idx=0)
+    adapter.record(scheduler_stats=SchedulerStats(num_running_reqs=1), iteration_stats=None, engine_idx=0)
+    adapter.record(scheduler_stats=None, iteration_stats=None, engine_idx=0)
+    adapter.log()
+    assert steps.count == 2
+    assert "max_num_batched_tokens" in {f.name for f in dataclasses.fields(SchedulerConfig)}
+    assert "max_model_len" in {f.name for f in dataclasses.fields(ModelConfig)}
