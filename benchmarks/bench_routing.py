@@ -12,7 +12,7 @@ three real replicas of the tiny model whose KV caches each hold about a third of
    one replica cannot cache them all), a short question each, 8 generated tokens. The same sequence of
    (prompt, question) is sent (a) through Envoy and the real picker, (b) through the same Envoy round-robin
    over the same three pods (a second listener to a ROUND_ROBIN cluster, as a Service's kube-proxy would
-   spread them, e2e/gateway.py): the two sides differ only in the picking. Each mode and load gets its own
+   spread them, e2e/lab/gateway.py): the two sides differ only in the picking. Each mode and load gets its own
    prompt texts (a salt at the start), so none starts on another's cache; the order of the modes alternates
    between rounds. First a warm-up through both sides (its own prompts, not counted). Then per round:
    - closed loop: C concurrent clients (more than the replicas' batch slots), each sending its next request
@@ -56,14 +56,14 @@ from servers import ROOT, Smoke, smoke_options
 
 sys.path.insert(0, str(ROOT))
 
-from e2e import _objects  # noqa: E402
-from e2e.addons import install_gateway_crds  # noqa: E402
-from e2e.cluster import Cluster, start_private  # noqa: E402
-from e2e.fixtures import tiny_sample  # noqa: E402
-from e2e.gateway import start_gateway  # noqa: E402
-from e2e.realpods import ready_pods, wait_condition  # noqa: E402
-from e2e.stack import run_operator  # noqa: E402
-from pagoda.runtime.contract import HTTP_PORT  # noqa: E402
+from e2e.lab import _objects  # noqa: E402
+from e2e.lab.addons import install_gateway_crds  # noqa: E402
+from e2e.lab.cluster import Cluster, start_private  # noqa: E402
+from e2e.lab.gateway import start_gateway  # noqa: E402
+from e2e.lab.realpods import ready_pods, wait_condition  # noqa: E402
+from e2e.lab.samples import tiny_sample  # noqa: E402
+from e2e.lab.stack import run_operator  # noqa: E402
+from pagoda.contract import HTTP_PORT  # noqa: E402
 
 NAME, NAMESPACE = "bench", "bench-routing"
 REPLICAS = 3
@@ -110,7 +110,7 @@ class Workload:
 @functools.cache
 def tiny_model() -> Path:
     """The tiny model as the CPU runtime image has it (`make-tiny-model` is deterministic): its tokenizer."""
-    from pagoda.runtime.tinymodel import make_tiny_model
+    from pagoda.runtime.tools.tinymodel import make_tiny_model
 
     return make_tiny_model(Path(tempfile.mkdtemp(prefix="bench-routing-model-")) / "tiny")
 

@@ -5,8 +5,8 @@
 For each request shape and SLO of SHAPES (the tiny model on this machine's CPU engine):
 
 1. **Tune**: `pagoda-runtime profile --tune-engine` with the shape's flags (vLLM's defaults for the batch
-   settings): the candidates it profiled (each a server of its own, runtime/tune.py), their capacity and
-   goodput (requests/s at the highest concurrency step that meets the SLO), and its choice.
+   settings): the candidates it profiled (each a server of its own, runtime/profiling/tune.py), their capacity
+   and goodput (requests/s at the highest concurrency step that meets the SLO), and its choice.
 2. **Side by side**: `--rounds` rounds, each one `pagoda-runtime profile` of a server with vLLM's defaults and
    one of a server with the chosen settings, the order alternating between rounds; the goodput ratio of each
    round, and its median and range. A choice of "the defaults" is measured the same way (a ratio near 1).

@@ -5,7 +5,7 @@ in one run.
     make bench-slo-ramp    (or: .venv/bin/python benchmarks/bench_slo_ramp.py [--ramp 2,4,8,12,16,16,4] ...)
 
 1. A private local cluster with the real node (pods from the CPU runtime image), KEDA, kube-state-metrics and
-   Prometheus (e2e/stack.py), and the operator.
+   Prometheus (e2e/lab/stack.py), and the operator.
 2. Per arm, in `--order`: an InferenceService `ramp` (examples/tiny-cpu.yaml, autoscaling 1 to
    `--max-replicas`, KEDA polling every 5 s):
    - `slo`: spec.slo (SLO below) with its capacity profile, `metric: SLO`, sloTargetRatio 0.8: the ramp starts
@@ -50,12 +50,12 @@ from servers import ROOT, Smoke, smoke_options
 
 sys.path.insert(0, str(ROOT))  # the e2e harness, as bench_routing.py uses it
 
-from e2e import _objects  # noqa: E402
-from e2e.fixtures import tiny_sample  # noqa: E402
-from e2e.observability import Load, Record  # noqa: E402
-from e2e.processes import wait_until  # noqa: E402
-from e2e.realpods import finished_profile, hpa_target, service_url, wait_condition  # noqa: E402
-from e2e.stack import private_stack, run_operator  # noqa: E402
+from e2e.lab import _objects  # noqa: E402
+from e2e.lab.observability import Load, Record  # noqa: E402
+from e2e.lab.processes import wait_until  # noqa: E402
+from e2e.lab.realpods import finished_profile, hpa_target, service_url, wait_condition  # noqa: E402
+from e2e.lab.samples import tiny_sample  # noqa: E402
+from e2e.lab.stack import private_stack, run_operator  # noqa: E402
 
 NAME, NAMESPACE = "ramp", "bench-slo-ramp"
 ARMS = ("slo", "fixed", "low")  # the measured target; the default (32); a fixed one below the capacity

@@ -36,9 +36,9 @@ from servers import BIN, ROOT, Server
 sys.path.insert(0, str(ROOT))
 
 
-from e2e.minio import USER, MinioServer  # noqa: E402
-from pagoda.runtime.modelinfo import SEED_ENV  # noqa: E402
-from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model  # noqa: E402
+from e2e.lab.minio import USER, MinioServer  # noqa: E402
+from pagoda.runtime.models.modelinfo import SEED_ENV  # noqa: E402
+from pagoda.runtime.tools.tinymodel import TinyModelSpec, make_tiny_model  # noqa: E402
 
 # 283 M parameters in float32: 1.13 GB of weights.
 MODEL = TinyModelSpec(hidden_size=1536, intermediate_size=4096, num_layers=10, num_heads=12, num_kv_heads=12)
@@ -63,8 +63,8 @@ def model_folder(spec: TinyModelSpec) -> Path:
 
 def vllm_seed() -> Path:
     """vLLM's model-info answers, made once per vLLM version, as the runtime images carry them
-    (runtime/modelinfo.py, PAGODA_VLLM_SEED_DIR): without them every first start would also pay for vLLM's
-    architecture inspection, which a pod from the image does not."""
+    (runtime/models/modelinfo.py, PAGODA_VLLM_SEED_DIR): without them every first start would also pay for
+    vLLM's architecture inspection, which a pod from the image does not."""
     if os.environ.get(SEED_ENV):  # tier 3 seeds once for its whole session
         return Path(os.environ[SEED_ENV])
     import vllm

@@ -6,8 +6,8 @@
 - "in EngineCore": VLLM_ENABLE_V1_MULTIPROCESSING=0 (what examples/tiny-cpu.yaml sets). The model runs in
   the EngineCore, as vLLM does on one GPU; the runtime's AsyncLLM keeps the EngineCore a process of its own.
 - "in EngineCore, model info seeded": the same, with vLLM's model-registry answers copied from a seed made
-  once (`pagoda-runtime seed-model-info`, what the runtime images carry: runtime/modelinfo.py) instead of
-  inspected in a new Python process at each start.
+  once (`pagoda-runtime seed-model-info`, what the runtime images carry: runtime/models/modelinfo.py) instead
+  of inspected in a new Python process at each start.
 
     make bench-engine             (or: .venv/bin/python benchmarks/engine_processes.py [--rounds N])
 
@@ -40,7 +40,7 @@ from runtime_vs_vllm import VLLM_ONLY, throughput
 from servers import ALREADY_RUNNING, BIN, ROOT, Given, Server, Smoke, prepare, process_tree, smoke_options
 
 sys.path.insert(0, str(ROOT))
-from e2e.processes import sample_engine_env  # noqa: E402
+from e2e.lab.processes import sample_engine_env  # noqa: E402
 
 # examples/tiny-cpu.yaml's engine settings, read where the tests read them; the kinds differ only in where
 # the model runs, the sample's VLLM_ENABLE_V1_MULTIPROCESSING.
@@ -119,7 +119,7 @@ def main() -> int:
     smoke = Smoke.of(opts, started, dict.fromkeys(["processes", "cores_under_load"], TREE))
     if smoke is None:
         work, model = prepare("pagoda-bench-engine-")
-        seed = work / "vllm-seed"  # what the runtime images carry (runtime/modelinfo.py)
+        seed = work / "vllm-seed"  # what the runtime images carry (runtime/models/modelinfo.py)
         seeding = [str(BIN / "pagoda-runtime"), "seed-model-info", str(seed)]
         subprocess.run(seeding, check=True, stdout=subprocess.DEVNULL)
         KINDS[SEEDED] = {**IN_ENGINE_CORE, "PAGODA_VLLM_SEED_DIR": str(seed)}

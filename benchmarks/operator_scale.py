@@ -29,10 +29,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
 
 from harness import OperatorProcess  # noqa: E402
 
-from e2e import _objects  # noqa: E402
-from e2e.cluster import GPU_PRODUCT, Cluster, start_private  # noqa: E402
+from e2e.lab import _objects  # noqa: E402
+from e2e.lab.cluster import GPU_PRODUCT, Cluster, start_private  # noqa: E402
 from pagoda.operator.api import InferenceServiceSpec  # noqa: E402
-from pagoda.operator.reconcile.kube import Kube, KubeError, resource_path  # noqa: E402
+from pagoda.operator.kube.client import Kube, KubeError, resource_path  # noqa: E402
 from pagoda.operator.resources import CHILD_KINDS, desired_children  # noqa: E402
 
 SPEC: dict[str, Any] = {

@@ -1,1 +1,2 @@
-"""The local control-plane harness (real Go-built Kubernetes binaries) and the end-to-end tests."""
+"""Tier 4: the end-to-end tests (test_*.py, their pytest fixtures in fixtures.py) on the harness library in
+e2e/lab/. The tests import the lab; the lab imports nothing from here."""

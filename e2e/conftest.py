@@ -7,5 +7,5 @@ from e2e.fixtures import cluster, cluster_api, namespace, operator, stack  # noq
 
 @pytest.fixture(scope="session")
 def real_node() -> bool:
-    """Tier 4's cluster has the real node (e2e/realnode.py) and the local registry."""
+    """Tier 4's cluster has the real node (e2e/lab/realnode.py) and the local registry."""
     return True

@@ -8,7 +8,6 @@ Re-export them from a conftest.py:  from e2e.fixtures import cluster, namespace,
 from __future__ import annotations
 
 import contextlib
-import copy
 import os
 import re
 import shutil
@@ -19,11 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from e2e import _objects, realnode
-from e2e.chartenv import ChartOperator, adopt_crd, helm
-from e2e.cluster import (
+from e2e.lab import _objects, realnode
+from e2e.lab.chartenv import ChartOperator, adopt_crd, helm
+from e2e.lab.cluster import (
     OPERATOR_RELEASE,
     Cluster,
     ToolsMissingError,
@@ -32,8 +30,7 @@ from e2e.cluster import (
     install_operator,
     start_private,
 )
-from e2e.processes import SAMPLE
-from e2e.stack import Stack, start_stack
+from e2e.lab.stack import Stack, start_stack
 
 
 @pytest.fixture(scope="session")
@@ -141,14 +138,3 @@ def namespace(cluster_api: Any, request: pytest.FixtureRequest) -> Iterator[str]
         yield name
     finally:
         _objects.request(cluster_api, "DELETE", f"/api/v1/namespaces/{name}")
-
-
-def tiny_sample(namespace: str, name: str = "tiny", *, real_pods: bool = False) -> dict[str, Any]:
-    """examples/tiny-cpu.yaml in `namespace` as `name`. With `real_pods` it is unchanged, so its pods run on
-    the real node (tier 4); otherwise it asks for kwok's simulated nodes (tests of the chart, the dashboards
-    and status that need no running engine)."""
-    obj: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
-    obj["metadata"] = {"name": name, "namespace": namespace}
-    if not real_pods:
-        obj["spec"]["scheduling"] = copy.deepcopy(_objects.KWOK_SCHEDULING)
-    return obj

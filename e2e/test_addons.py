@@ -1,4 +1,4 @@
-"""The e2e add-ons (e2e/addons.py) against the real local control plane: KEDA's metrics adapter serves the
+"""The e2e add-ons (e2e/lab/addons.py) against the real local control plane: KEDA's metrics adapter serves the
 external metrics API through the API server's aggregation layer (TLS verified against the APIService's
 caBundle), and kube-state-metrics reports the objects' state."""
 
@@ -10,16 +10,11 @@ from typing import Any
 
 import pytest
 
-from e2e._objects import request
-from e2e.addons import (
-    EXTERNAL_METRICS_APISERVICE,
-    EXTERNAL_METRICS_GROUP,
-    Addons,
-    apiservice_condition,
-)
-from e2e.cluster import Cluster
-from e2e.processes import wait_until
-from e2e.stack import Stack
+from e2e.lab._objects import request
+from e2e.lab.addons import EXTERNAL_METRICS_APISERVICE, EXTERNAL_METRICS_GROUP, Addons, apiservice_condition
+from e2e.lab.cluster import Cluster
+from e2e.lab.processes import wait_until
+from e2e.lab.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,8 @@
 """The inference API of a pod of the CPU runtime image, as a client reaches it through its Service, with
 `spec.runtime.apiKeySecret` set (docs/security.md, "The inference API"):
 
-1. Every parameter vLLM serves on chat and completions (e2e/openai_surface.py), through the official `openai`
+1. Every parameter vLLM serves on chat and completions (e2e/lab/openai_surface.py), through the official
+`openai`
    client with the key: each served with its effect shown, or refused with a 4xx; the pod never restarts
    (one `logprobs` request killed the image's EngineCore: torch's inductor found no C++ compiler).
 2. Without the key, or with a wrong one, no route of vLLM's pinned version answers: every one it can mount
@@ -19,13 +20,13 @@ import httpx
 import openai
 import pytest
 
-from e2e import openai_surface
-from e2e.chartenv import ChartOperator
-from e2e.cluster import Cluster
-from e2e.fixtures import tiny_sample
-from e2e.processes import VENV_BIN
-from e2e.realpods import apply, get_json, ready_pods, wait_condition, wait_ready_replicas
-from pagoda.runtime.contract import HTTP_PORT
+from e2e.lab import openai_surface
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.cluster import Cluster
+from e2e.lab.processes import VENV_BIN
+from e2e.lab.realpods import apply, get_json, ready_pods, wait_condition, wait_ready_replicas
+from e2e.lab.samples import tiny_sample
+from pagoda.contract import HTTP_PORT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
 NAMESPACE = "api-surface"

@@ -1,4 +1,4 @@
-"""GitOps with a real Argo CD (v3.6.1, e2e/argocd.py), with Argo CD's own status as the oracle.
+"""GitOps with a real Argo CD (v3.6.1, e2e/lab/argocd.py), with Argo CD's own status as the oracle.
 
 A local Git repository holds what a platform team commits: the Helm chart (charts/pagoda) and a folder of
 InferenceServices (examples/). The two Applications are the shipped examples/argocd files with their
@@ -30,14 +30,14 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import images
-from e2e.addons import install_keda_crds
-from e2e.argocd import EXAMPLES, NAMESPACE, RESYNC_SECONDS, ArgoCD, GitRepo, start_argocd
-from e2e.chartenv import CHART, CRD_NAME, ChartOperator, condition, kubectl_json
-from e2e.cluster import Cluster
-from e2e.fixtures import tiny_sample
-from e2e.processes import REPO_ROOT, wait_until
-from e2e.stack import Stack
+from e2e.lab import images
+from e2e.lab.addons import install_keda_crds
+from e2e.lab.argocd import EXAMPLES, NAMESPACE, RESYNC_SECONDS, ArgoCD, GitRepo, start_argocd
+from e2e.lab.chartenv import CHART, CRD_NAME, ChartOperator, condition, kubectl_json
+from e2e.lab.cluster import Cluster
+from e2e.lab.processes import REPO_ROOT, wait_until
+from e2e.lab.samples import tiny_sample
+from e2e.lab.stack import Stack
 
 pytestmark = pytest.mark.e2e
 

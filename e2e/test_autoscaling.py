@@ -6,7 +6,7 @@ them; at the peak Prometheus hangs (SIGSTOP): KEDA falls back and holds the repl
 metrics it cannot read; once Prometheus answers again and the load ends, replicas return to the minimum after
 the cooldown and the removed pods drain: no request fails over the whole run. Then a one-minute pre-warm
 window (spec.autoscaling.schedule, a KEDA cron trigger) starts a replica before it opens and releases it
-after. The scenario is e2e/autoscaling.py."""
+after. The scenario is e2e/lab/autoscaling.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from e2e.autoscaling import (
+from e2e.lab.autoscaling import (
     MAX_REPLICAS,
     MIN_REPLICAS,
     NAME,
@@ -27,11 +27,11 @@ from e2e.autoscaling import (
     run_scenario,
     scaled_object_condition,
 )
-from e2e.chartenv import ChartOperator
-from e2e.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
-from e2e.processes import WaitTimeout, wait_until
-from e2e.realpods import condition, get_json, isvc
-from e2e.stack import DEFAULT_PROMETHEUS, PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, Stack
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
+from e2e.lab.processes import WaitTimeout, wait_until
+from e2e.lab.realpods import condition, get_json, isvc
+from e2e.lab.stack import DEFAULT_PROMETHEUS, PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -147,7 +147,7 @@ def test_keda_scales_real_pods_on_in_flight_requests_and_back(
 
     # Pre-warming: a one-minute schedule window for 2 replicas on the idle service (at 1). The warm replica
     # starts in the warm-up before the window (not before it), is Ready about when the window opens (the
-    # warm-up is the cold start this machine measured, plus KEDA's and the HPA's lag: e2e/autoscaling.py's
+    # warm-up is the cold start this machine measured, plus KEDA's and the HPA's lag: e2e/lab/autoscaling.py's
     # prewarm_warm_up), serves in it through the Service, and goes after it.
     warm = run_prewarm(stack.cluster, namespace)
     print(f"\nPre-warm: {warm}")

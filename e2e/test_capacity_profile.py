@@ -21,20 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import realnode
-from e2e.autoscaling import autoscaled_sample
-from e2e.chartenv import ChartOperator
-from e2e.observability import Load, PrometheusAt, dashboard, panel_queries
-from e2e.processes import wait_until
-from e2e.realpods import (
-    finished_profile,
-    get_json,
-    hpa_target,
-    ready_pods,
-    service_url,
-    wait_condition,
-)
-from e2e.stack import Stack
+from e2e.lab import realnode
+from e2e.lab.autoscaling import autoscaled_sample
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.observability import Load, PrometheusAt, dashboard, panel_queries
+from e2e.lab.processes import wait_until
+from e2e.lab.realpods import finished_profile, get_json, hpa_target, ready_pods, service_url, wait_condition
+from e2e.lab.stack import Stack
 from pagoda.operator.reconcile.profile import JOB_NAME_LABEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.chartenv import (
+from e2e.lab.chartenv import (
     CHART,
     CRD_NAME,
     ChartOperator,
@@ -37,9 +37,9 @@ from e2e.chartenv import (
     kubectl_json,
     managed_fields,
 )
-from e2e.cluster import Cluster
-from e2e.fixtures import tiny_sample
-from e2e.processes import REPO_ROOT, wait_until
+from e2e.lab.cluster import Cluster
+from e2e.lab.processes import REPO_ROOT, wait_until
+from e2e.lab.samples import tiny_sample
 
 pytestmark = pytest.mark.e2e
 
@@ -198,7 +198,7 @@ def test_install_creates_every_object(cluster: Cluster, release_ns: str, install
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
-# How the operator logs a failed API call: error='<status> <Reason>: <message>' (reconcile/kube.py KubeError).
+# How the operator logs a failed API call: error='<status> <Reason>: <message>' (kube/client.py KubeError).
 API_ERROR = re.compile(r"""\berror=(['"])(?P<status>\d{3}) (?P<reason>[A-Za-z]*):""")
 # What kopf logs when its watches or lists are refused.
 KOPF_REFUSED = ("Not enough permissions", "APIForbiddenError")

@@ -14,21 +14,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from e2e import realnode
-from e2e._objects import GPU_RESOURCE, KWOK_SCHEDULING, KWOK_TAINT, request
-from e2e.cluster import (
-    COMPONENTS,
-    GPU_NODES,
-    GPU_PRODUCT,
-    Cluster,
-    ToolsMissingError,
-    check_bin_dir,
-)
-from e2e.processes import REPO_ROOT, all_alive, wait_until
+from e2e.lab import realnode
+from e2e.lab._objects import GPU_RESOURCE, KWOK_SCHEDULING, KWOK_TAINT, request
+from e2e.lab.cluster import COMPONENTS, GPU_NODES, GPU_PRODUCT, Cluster, ToolsMissingError, check_bin_dir
+from e2e.lab.processes import REPO_ROOT, all_alive, wait_until
 from pagoda.operator.resources.meta import GPU_PRODUCT_LABEL
 
 pytestmark = pytest.mark.e2e
-# What `python -m e2e up --no-real-node` runs: the control plane, the add-ons and the operator.
+# What `python -m e2e.lab up --no-real-node` runs: the control plane, the add-ons and the operator.
 UP_COMPONENTS = [
     *COMPONENTS,
     "keda-operator",

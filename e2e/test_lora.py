@@ -27,14 +27,14 @@ from typing import Any
 import httpx
 import pytest
 
-from e2e import realnode
-from e2e.chartenv import ChartOperator
-from e2e.cluster import Cluster
-from e2e.fixtures import tiny_sample
-from e2e.minio import USER, MinioServer
-from e2e.observability import Load
-from e2e.processes import VENV_BIN, wait_until
-from e2e.realpods import ServiceEndpoints, apply, get_json, patch_spec, ready_pods, wait_condition
+from e2e.lab import realnode
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.cluster import Cluster
+from e2e.lab.minio import USER, MinioServer
+from e2e.lab.observability import Load
+from e2e.lab.processes import VENV_BIN, wait_until
+from e2e.lab.realpods import ServiceEndpoints, apply, get_json, patch_spec, ready_pods, wait_condition
+from e2e.lab.samples import tiny_sample
 from pagoda.operator.api.model import NODE_CACHE_ROOT
 from pagoda.operator.resources.pod import RUN_AS_USER
 

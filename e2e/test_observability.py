@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.addons import start_kube_state_metrics
-from e2e.chartenv import ChartOperator
-from e2e.cluster import Cluster, default_bin_dir
-from e2e.fixtures import chart_operator, tiny_sample
-from e2e.observability import (
+from e2e.fixtures import chart_operator
+from e2e.lab.addons import start_kube_state_metrics
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.cluster import Cluster, default_bin_dir
+from e2e.lab.observability import (
     OPERATOR_LABELS,
     RATE_INTERVAL,
     RUNTIME_LABELS,
@@ -42,9 +42,10 @@ from e2e.observability import (
     panel_queries,
     resolve_variables,
 )
-from e2e.processes import REPO_ROOT, wait_until
-from e2e.realpods import get_json, pods, service_url, wait_condition
-from pagoda.runtime.contract import HTTP_PORT
+from e2e.lab.processes import REPO_ROOT, wait_until
+from e2e.lab.realpods import get_json, pods, service_url, wait_condition
+from e2e.lab.samples import tiny_sample
+from pagoda.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
 

@@ -1,5 +1,5 @@
-"""The real node (e2e/realnode.py) as a user's cluster has one: kubelet and containerd from their Go modules
-run Pagoda's images pulled from the local registry, the operator is installed from that registry with
+"""The real node (e2e/lab/realnode.py) as a user's cluster has one: kubelet and containerd from their Go
+modules run Pagoda's images pulled from the local registry, the operator is installed from that registry with
 `helm install oci://...` and works under the chart's RBAC, and Services answer through kube-proxy.
 
 Every pod that does not ask for kwok's simulated nodes (tainted while a real node runs) lands on the real
@@ -20,13 +20,13 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e import images, realnode, registry
-from e2e.chartenv import ChartOperator, adopt_crd, condition, helm, kubectl_json
-from e2e.cluster import Cluster, install_operator
-from e2e.fixtures import tiny_sample
-from e2e.processes import http_ok, wait_until
-from e2e.realpods import pods, port_forward, service_url, wait_condition
-from pagoda.runtime.contract import HTTP_PORT
+from e2e.lab import images, realnode, registry
+from e2e.lab.chartenv import ChartOperator, adopt_crd, condition, helm, kubectl_json
+from e2e.lab.cluster import Cluster, install_operator
+from e2e.lab.processes import http_ok, wait_until
+from e2e.lab.realpods import pods, port_forward, service_url, wait_condition
+from e2e.lab.samples import tiny_sample
+from pagoda.contract import HTTP_PORT
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""Pods that really run: the operator's pods on the real node (kubelet, containerd, e2e/realnode.py) from
+"""Pods that really run: the operator's pods on the real node (kubelet, containerd, e2e/lab/realnode.py) from
 the CPU runtime image, each with its own pod IP.
 
 One `tiny` service (examples/tiny-cpu.yaml) in a namespace that enforces the `restricted` Pod Security
@@ -31,13 +31,12 @@ from typing import Any
 import httpx
 import pytest
 
-from e2e import realnode
-from e2e.chartenv import ChartOperator
-from e2e.cluster import Cluster
-from e2e.fixtures import tiny_sample
-from e2e.observability import Load
-from e2e.processes import wait_until
-from e2e.realpods import (
+from e2e.lab import realnode
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.cluster import Cluster
+from e2e.lab.observability import Load
+from e2e.lab.processes import wait_until
+from e2e.lab.realpods import (
     ServiceEndpoints,
     Terminations,
     all_pods,
@@ -54,8 +53,9 @@ from e2e.realpods import (
     wait_condition,
     wait_ready_replicas,
 )
-from pagoda.operator.reconcile.startup import PHASES as STARTUP_STATUS_PHASES
+from e2e.lab.samples import tiny_sample
 from pagoda.operator.resources.meta import RESTARTED_AT_ANNOTATION
+from pagoda.operator.status.startup import PHASES as STARTUP_STATUS_PHASES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
 REPLICAS = 2  # until the pod deletion; the rollouts run on one
@@ -216,8 +216,8 @@ def test_deleting_a_pod_under_load_loses_no_request(cluster: Cluster, serving: s
         patch_spec(cluster, serving, "tiny", {"replicas": 1})
         wait_ready_replicas(cluster, serving, "tiny", 1)
         assert [p["metadata"]["uid"] for p in pods(cluster, serving, "tiny")] == [survivor["metadata"]["uid"]]
-        # The removed replacement, deleted while it started (runtime/signals.py), stops at once and by itself:
-        # gone before the rollouts below watch how their pods end.
+        # The removed replacement, deleted while it started (runtime/serving/signals.py), stops at once and by
+        # itself: gone before the rollouts below watch how their pods end.
         wait_until(
             lambda: len(all_pods(cluster, serving, "tiny")) == 1, "the replacement to be removed", timeout=120
         )

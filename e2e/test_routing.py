@@ -2,7 +2,7 @@
 Extension's real endpoint picker (GIE v1.5.0) to the real runtime pods of a two-replica service.
 
 The operator writes the InferencePool and the picker's Deployment, ConfigMap and Service; the harness
-(e2e/gateway.py) runs the real picker from them and Envoy in front of it, on loopback.
+(e2e/lab/gateway.py) runs the real picker from them and Envoy in front of it, on loopback.
 1. Chat and streamed chat completions through Envoy succeed, each served by a Ready pod of the pool: the pod
    that Envoy names (x-pagoda-upstream) is the one whose own vLLM counter of finished requests went up by one.
 2. The picker's flow-control queue metric reaches Prometheus, labelled with the service's namespace and the
@@ -11,8 +11,8 @@ The operator writes the InferencePool and the picker's Deployment, ConfigMap and
    (during its preStop sleep, before the runtime drains), and requests already at it finish.
 4. The picker runs as a leader and a standby (the default two replicas): the leader deleted under load by 6
    clients. Another replica takes the Lease once the leader lets it go and turns Ready; meanwhile Envoy
-   retries opening its stream to the picker's Service (e2e/envoy-bootstrap.yaml.j2), so no request fails in
-   the hand-over. The one loss allowed is bounded and named: GIE v1.5.0 stops its flow control at SIGTERM
+   retries opening its stream to the picker's Service (e2e/lab/envoy-bootstrap.yaml.j2), so no request fails
+   in the hand-over. The one loss allowed is bounded and named: GIE v1.5.0 stops its flow control at SIGTERM
    before its gRPC server has drained, and answers 500 to a request it holds at that instant (at most one per
    client; none in most runs).
 """
@@ -30,13 +30,12 @@ import httpx
 import pytest
 import yaml
 
-from e2e.chartenv import ChartOperator
-from e2e.cluster import Cluster
-from e2e.fixtures import tiny_sample
-from e2e.gateway import UPSTREAM_HEADER, Gateway, envoy_counter, start_gateway
-from e2e.observability import Load
-from e2e.processes import wait_until
-from e2e.realpods import (
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.cluster import Cluster
+from e2e.lab.gateway import UPSTREAM_HEADER, Gateway, envoy_counter, start_gateway
+from e2e.lab.observability import Load
+from e2e.lab.processes import wait_until
+from e2e.lab.realpods import (
     all_pods,
     finished,
     get_json,
@@ -47,7 +46,8 @@ from e2e.realpods import (
     samples,
     wait_condition,
 )
-from e2e.stack import Stack
+from e2e.lab.samples import tiny_sample
+from e2e.lab.stack import Stack
 from pagoda.operator.resources.routing import leader_lease_name, picker_selector
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]

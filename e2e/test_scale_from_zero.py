@@ -30,17 +30,17 @@ from typing import Any
 import httpx
 import pytest
 
-from e2e import modelimage
-from e2e.autoscaling import frozen
-from e2e.chartenv import ChartOperator
-from e2e.fixtures import tiny_sample
-from e2e.gateway import start_gateway
-from e2e.observability import PrometheusAt, dashboard, panel_queries
-from e2e.processes import VENV_BIN, http_ok, wait_until
-from e2e.realpods import apply, condition, get_json, isvc, pods
-from e2e.stack import Stack
+from e2e.lab import modelimage
+from e2e.lab.autoscaling import frozen
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.gateway import start_gateway
+from e2e.lab.observability import PrometheusAt, dashboard, panel_queries
+from e2e.lab.processes import VENV_BIN, http_ok, wait_until
+from e2e.lab.realpods import apply, condition, get_json, isvc, pods
+from e2e.lab.samples import tiny_sample
+from e2e.lab.stack import Stack
 from pagoda.operator.resources.scaledobject import FALLBACK_FAILURES, picker_queue_query
-from pagoda.runtime.startup import folder_bytes
+from pagoda.runtime.serving.startup import folder_bytes
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 NAME = "zero"

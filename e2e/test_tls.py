@@ -25,13 +25,13 @@ import httpx
 import pytest
 from cryptography import x509
 
-from e2e._pki import TlsDir, write_tls_dir
-from e2e.chartenv import ChartOperator
-from e2e.cluster import Cluster
-from e2e.fixtures import tiny_sample
-from e2e.processes import wait_until
-from e2e.realpods import apply, get_json, ready_pods, wait_condition, wait_ready_replicas
-from pagoda.runtime.contract import HTTP_PORT
+from e2e.lab._pki import TlsDir, write_tls_dir
+from e2e.lab.chartenv import ChartOperator
+from e2e.lab.cluster import Cluster
+from e2e.lab.processes import wait_until
+from e2e.lab.realpods import apply, get_json, ready_pods, wait_condition, wait_ready_replicas
+from e2e.lab.samples import tiny_sample
+from pagoda.contract import HTTP_PORT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
 NAMESPACE = "tls"
@@ -170,7 +170,8 @@ def test_a_renewed_certificate_reaches_new_connections_without_a_restart(
     (pod,) = ready_pods(cluster, serving, "tiny")
     ip, uid = pod["status"]["podIP"], pod["metadata"]["uid"]
     apply(cluster, secret(renewed))
-    # The kubelet's sync period (10 s on the harness's node, e2e/realnode.py), then the runtime's 5 s look.
+    # The kubelet's sync period (10 s on the harness's node, e2e/lab/realnode.py), then the runtime's 5 s
+    # look.
     wait_until(
         lambda: peer_serial(ip, trust) == serial_of(renewed),
         "the pod showing the renewed certificate",

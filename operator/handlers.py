@@ -6,7 +6,7 @@ last-handled annotation, nothing written back by kopf. A child's or a pod's even
 `pagoda.dev/inferenceservice` label), so a deleted or hand-edited child is restored, status follows the
 Deployment's readiness, and a crashing pod's reason reaches the Degraded condition. Nodes are watched too
 (all of them, cluster-scoped, when the operator may list them): a Node whose readiness or node lifecycle
-taints change queues every owner with a pod on it (NodeLost, reconcile/nodes.py).
+taints change queues every owner with a pod on it (NodeLost, status/nodes.py).
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import Any
 import kopf
 
 from pagoda.operator.api import GROUP, PLURAL, VERSION
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.nodes import NODE_KIND
-from pagoda.operator.reconcile.pods import POD_KIND
-from pagoda.operator.reconcile.scaling import HPA_KIND
-from pagoda.operator.reconcile.workqueue import WorkQueue
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.workqueue import WorkQueue
 from pagoda.operator.resources import CHILD_KINDS, meta
 from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.status.nodes import NODE_KIND
+from pagoda.operator.status.pods import POD_KIND
+from pagoda.operator.status.scaling import HPA_KIND
 
 MANAGED_BY = {"app.kubernetes.io/managed-by": meta.MANAGED_BY}
 MANAGED_BY_SELECTOR = ",".join(f"{key}={value}" for key, value in MANAGED_BY.items())

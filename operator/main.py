@@ -22,21 +22,21 @@ from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL
 from pagoda.operator.api.network import NAMESPACE_PATTERN
 from pagoda.operator.handlers import MANAGED_BY_SELECTOR, WATCHED_KINDS, build_registry
-from pagoda.operator.reconcile.adapters import AdapterSync, PodTrust
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.capacity import CapacityReader
-from pagoda.operator.reconcile.core import Outcome, reconcile
-from pagoda.operator.reconcile.kube import Kube, KubeError
-from pagoda.operator.reconcile.leader import LeaderElector
-from pagoda.operator.reconcile.management import (
+from pagoda.operator.kube.adapters import AdapterSync, PodTrust
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.capacity import CapacityReader
+from pagoda.operator.kube.client import Kube, KubeError
+from pagoda.operator.kube.leader import LeaderElector
+from pagoda.operator.kube.management import (
     KUBELET_SYNC_SECONDS,
     KeyUnavailable,
     load_keys,
     parse_namespaced_name,
 )
-from pagoda.operator.reconcile.nodes import NODE_KIND
-from pagoda.operator.reconcile.workqueue import WorkQueue, work
+from pagoda.operator.kube.workqueue import Outcome, WorkQueue, work
+from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
+from pagoda.operator.status.nodes import NODE_KIND
 
 log = logging.getLogger("pagoda.operator")
 
@@ -83,7 +83,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--leader-elect",
         metavar="NAMESPACE/NAME",
         help="run as one of several replicas: only the holder of this Lease reconciles, the others wait to "
-        "take over (reconcile/leader.py); default: this process alone reconciles",
+        "take over (kube/leader.py); default: this process alone reconciles",
     )
     parser.add_argument(
         "--leader-identity",
@@ -225,7 +225,7 @@ async def keep_leading(elector: LeaderElector) -> None:
     API server unreachable, or another replica took the Lease) the process exits at once: a reconcile
     worker thread cannot be stopped, and another replica may take over once the lease duration passes.
     The exit needs this loop to run; the fence does not: every pass and write checks
-    `elector.holds_lease` itself (reconcile/kube.py), so a stalled loop or a paused process that resumes
+    `elector.holds_lease` itself (kube/client.py), so a stalled loop or a paused process that resumes
     writes nothing before it exits."""
     timing = elector.timing
     while True:

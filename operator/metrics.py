@@ -50,7 +50,7 @@ for _result in ("applied", "unchanged", "error"):
 
 
 class QueueGauges(Protocol):
-    """What watch_queue reads of the work queue (reconcile/workqueue.py), which imports this module's
+    """What watch_queue reads of the work queue (kube/workqueue.py), which imports this module's
     metrics through the reconcile: a protocol, so that this module imports nothing of it."""
 
     def __len__(self) -> int: ...

@@ -1,6 +1,6 @@
 """`pagoda-runtime`: `serve` (the runtime); `profile` (one replica's capacity within a latency SLO,
-runtime/profile.py); `seed-model-info` (an image's build step, runtime/modelinfo.py); `make-tiny-model` and
-`make-tiny-adapter` (for tests)."""
+runtime/profiling/profile.py); `seed-model-info` (an image's build step, runtime/models/modelinfo.py);
+`make-tiny-model` and `make-tiny-adapter` (for tests)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import os
 import sys
 from types import ModuleType
 
-from pagoda.runtime import signals, sources, termination
-from pagoda.runtime.config import ConfigError, ServeConfig, add_serve_flags, config_from_args
-from pagoda.runtime.profile import add_profile_flags
+from pagoda.runtime.models import sources
+from pagoda.runtime.profiling.profile import add_profile_flags
+from pagoda.runtime.serving import signals, termination
+from pagoda.runtime.serving.config import ConfigError, ServeConfig, add_serve_flags, config_from_args
 
 log = logging.getLogger("pagoda.runtime")
 
@@ -69,7 +70,7 @@ def _setup_logging() -> None:
 
 
 def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
-    signals.record_early()  # before the heavy imports below (runtime/signals.py)
+    signals.record_early()  # before the heavy imports below (runtime/serving/signals.py)
     try:
         config = config_from_args(ns, extra)
     except ConfigError as exc:
@@ -78,7 +79,7 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
 
     certificate = None
     if config.tls_cert_file is not None and config.tls_key_file is not None:
-        from pagoda.runtime import tls
+        from pagoda.runtime.serving import tls
 
         try:
             certificate = tls.CertificateReloader(config.tls_cert_file, config.tls_key_file)
@@ -96,7 +97,8 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
 
     import uvloop
 
-    from pagoda.runtime import engine, lifecycle, modelinfo
+    from pagoda.runtime.models import modelinfo
+    from pagoda.runtime.serving import engine, lifecycle
 
     engine.apply_env_defaults()
     modelinfo.install()
@@ -116,8 +118,8 @@ def _profile(
     ns: argparse.Namespace, argv: list[str], extra: list[str], parser: argparse.ArgumentParser
 ) -> int:
     """`profile`: its flags and serve's checked as serve checks them (exit 2 naming the flag), then the
-    profile (runtime/profile.py). `argv`: the arguments after the subcommand, before `--`."""
-    from pagoda.runtime import profile
+    profile (runtime/profiling/profile.py). `argv`: the arguments after the subcommand, before `--`."""
+    from pagoda.runtime.profiling import profile
 
     try:
         serve = config_from_args(ns, extra)
@@ -159,18 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     if ns.command not in ("serve", "profile") and extra:
         parser.error(f"{ns.command} takes no arguments after --")
     if ns.command == "make-tiny-adapter":
-        from pagoda.runtime.tinyadapter import TinyAdapterSpec, make_tiny_adapter
+        from pagoda.runtime.tools.tinyadapter import TinyAdapterSpec, make_tiny_adapter
 
         if ns.rank < 1:
             parser.error(f"--rank: must be at least 1 (got {ns.rank})")
         make_tiny_adapter(ns.model, ns.out, TinyAdapterSpec(rank=ns.rank, seed=ns.seed))
         return 0
     if ns.command == "seed-model-info":
-        from pagoda.runtime import modelinfo
+        from pagoda.runtime.models import modelinfo
 
         return modelinfo.main([ns.directory])
     if ns.command == "make-tiny-model":
-        from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model
+        from pagoda.runtime.tools.tinymodel import TinyModelSpec, make_tiny_model
 
         make_tiny_model(ns.directory, TinyModelSpec(seed=ns.seed))
         return 0

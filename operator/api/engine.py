@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pagoda.runtime import contract
-from pagoda.runtime.chattemplate import compile_error
+from pagoda import contract
+from pagoda.contract.chattemplate import compile_error
 
 from .base import ApiModel, ObjectName
 from .rules import (
@@ -71,7 +71,7 @@ class ChatTemplate(ApiModel):
     @field_validator("inline")
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
-        # Compiled (not rendered) with jinja2's sandbox as vLLM renders it (runtime/chattemplate.py): a
+        # Compiled (not rendered) with jinja2's sandbox as vLLM renders it (contract/chattemplate.py): a
         # template that cannot compile would fail every chat request of every pod it rolled out to.
         if value is not None and (error := compile_error(value)) is not None:
             raise ValueError(f"the Jinja template does not compile: {error}")

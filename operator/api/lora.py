@@ -2,7 +2,7 @@
 
 The limits are runtime flags (--max-loras, --max-lora-rank, --max-cpu-loras) in the pod template: changing
 them rolls the pods. The adapters are not in the pod template: the operator loads and unloads them in every
-Ready replica at run time through the runtime's adapters API (reconcile/adapters.py), so adding, changing or
+Ready replica at run time through the runtime's adapters API (kube/adapters.py), so adding, changing or
 removing one restarts nothing.
 """
 
@@ -12,7 +12,7 @@ import re
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pagoda.runtime import contract
+from pagoda import contract
 
 from .base import ApiModel
 from .rules import (

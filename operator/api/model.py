@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pagoda.runtime.contract import IMAGE_MODEL_DIR, IMAGE_MODEL_NAME, MODELS_DIR
+from pagoda.contract import IMAGE_MODEL_DIR, IMAGE_MODEL_NAME, MODELS_DIR
 
 from .base import ApiModel, ObjectName, Quantity
 from .rules import (

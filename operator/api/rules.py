@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import JsonValue
 
-from pagoda.runtime.contract import (
+from pagoda.contract import (
     CACHE_DIR,
     IMAGE_MODEL_NAME,
     OCI_REFERENCE_PATTERN,
@@ -18,14 +18,14 @@ from pagoda.runtime.contract import (
     TERMINATION_MESSAGE_ENV,
     default_served_name_cel,
 )
-from pagoda.runtime.vllmflags import OWNED_FLAGS, owned_flag_pattern
+from pagoda.contract.vllmflags import OWNED_FLAGS, owned_flag_pattern
 
 JsonDict = dict[str, JsonValue]
 
 _HF = r"hf://[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?/?"
 # One part of an s3:// prefix: not empty, not '.' or '..' (the prefix is also the cache folder's path, which a
-# '..' would leave; runtime/sources.py refuses the same). Written without look-ahead: the API server's regexps
-# are RE2, and `[.]` rather than `\.`, which a CEL string literal refuses as an escape.
+# '..' would leave; runtime/models/sources.py refuses the same). Written without look-ahead: the API server's
+# regexps are RE2, and `[.]` rather than `\.`, which a CEL string literal refuses as an escape.
 _S3_PART = r"([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+)"
 _S3 = rf"s3://{S3_BUCKET_PATTERN}/{_S3_PART}(/{_S3_PART})*/?"
 _PVC = r"pvc://[a-z0-9]([-a-z0-9]*[a-z0-9])?(/.*)?"

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from pagoda.runtime.contract import KV_CACHE_USAGE_METRIC, QUEUE_DEPTH_METRIC, RUNNING_REQUESTS_METRIC
+from pagoda.contract import KV_CACHE_USAGE_METRIC, QUEUE_DEPTH_METRIC, RUNNING_REQUESTS_METRIC
 
 from .base import ApiModel
 from .restarts import CLOCK_PATTERN, DailyWindow
@@ -43,7 +43,7 @@ def slo_target(concurrency: int, ratio: float = DEFAULT_SLO_TARGET_RATIO) -> int
     """metric SLO's in-flight target per replica: `ratio` (sloTargetRatio) of `concurrency`, the concurrency
     per replica the capacity profile measured within spec.slo, rounded down, at least 1. The one place the
     ratio is applied: the ScaledObject's threshold (target_per_replica) and status.sizing's replicasNeeded
-    (reconcile/sizing.py) both come from it."""
+    (status/sizing.py) both come from it."""
     return max(1, int(concurrency * ratio))
 
 

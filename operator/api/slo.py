@@ -6,7 +6,8 @@ runtime with the spec's model, engine and resources and loads it with GuideLLM a
 that meets both objectives, the throughput there and the whole curve. A new profile runs when what the
 replica is made of changes (model, engine, resources, image) or the SLO does, or on request (the
 pagoda.dev/profile annotation). With tuneEngine (the default) it also chooses the engine's batch settings
-for the SLO (runtime/tune.py), which the replicas then run (resources/profile.py: with_engine_choice).
+for the SLO (runtime/profiling/tune.py), which the replicas then run (resources/profile.py:
+with_engine_choice).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Annotated
 
 from pydantic import ConfigDict, Field, field_validator
 
-from pagoda.runtime.contract import (
+from pagoda.contract import (
     PROFILE_OUTPUT_TOKENS,
     PROFILE_PROMPT_TOKENS,
     PROFILE_STEP_SECONDS,

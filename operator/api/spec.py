@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ConfigDict, Field, model_validator
 
-from pagoda.runtime.contract import default_served_name
+from pagoda.contract import default_served_name
 
 from .base import ApiModel
 from .cost import CostSpec

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from pagoda.runtime.contract import TUNE_MAX_RUNS
+from pagoda.contract import TUNE_MAX_RUNS
 
 from .base import ApiModel
 
@@ -15,7 +15,7 @@ CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded"
 # With spec.slo, once a profile has measured: True while the newest profile met the SLO at no step.
 SLO_UNMET = "SLOUnmet"
 # With spec.autoscaling, once its ScaledObject exists: True while the autoscaler cannot read the load (KEDA's
-# fallback holds the replicas, or the HPA reads nothing from KEDA's adapter); reconcile/scalingmetrics.py.
+# fallback holds the replicas, or the HPA reads nothing from KEDA's adapter); status/scalingmetrics.py.
 METRICS_UNAVAILABLE = "ScalingMetricsUnavailable"
 
 
@@ -116,7 +116,7 @@ class AdapterStatus(ApiModel):
 
 class StartupPhases(ApiModel):
     """Seconds one replica's start spent in each phase, in order: the kubelet's (from the Pod) and the
-    runtime's (runtime/startup.py). A phase a start did not report is absent."""
+    runtime's (runtime/serving/startup.py). A phase a start did not report is absent."""
 
     scheduling: float | None = Field(default=None, ge=0, description="Pod created -> scheduled to a node.")
     container_start: float | None = Field(

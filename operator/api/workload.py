@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from pagoda.runtime.contract import (
+from pagoda.contract import (
     HTTP_PORT,
     INFERENCE_API,
     MAX_REQUEST_BODY_BYTES,

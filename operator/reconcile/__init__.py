@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from pagoda.operator.reconcile.core import Outcome, reconcile
+from pagoda.operator.kube.workqueue import Outcome
+from pagoda.operator.reconcile.core import reconcile
 
 __all__ = ["Outcome", "reconcile"]

@@ -11,13 +11,13 @@ fixed (the pass is retried every 30 s meanwhile). An inline template was compile
 
 from __future__ import annotations
 
+from pagoda.contract.chattemplate import compile_error
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.client import Kube, KubeError
 from pagoda.operator.reconcile.problems import INVALID_SPEC_PREFIX
-from pagoda.operator.reconcile.status import Problem
 from pagoda.operator.resources.chattemplate import chat_template_name
-from pagoda.runtime.chattemplate import compile_error
+from pagoda.operator.status.report import Problem
 
 FIELD = "spec.engine.chatTemplate.configMap"
 UNTIL_FIXED = "nothing is applied until then, and the pods keep the template they have"

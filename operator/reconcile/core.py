@@ -27,14 +27,14 @@ from pydantic import ValidationError
 
 from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL, InferenceServiceSpec
+from pagoda.operator.kube.adapters import AdapterReport, AdapterSync, failure_events
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.capacity import CapacityReader
+from pagoda.operator.kube.client import Kube, KubeError
+from pagoda.operator.kube.workqueue import Outcome
 from pagoda.operator.reconcile import events, restarts
-from pagoda.operator.reconcile.adapters import AdapterReport, AdapterSync, failure_events
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.capacity import CapacityReader
 from pagoda.operator.reconcile.chattemplate import read_chat_template
 from pagoda.operator.reconcile.compare import matches, stale_fields
-from pagoda.operator.reconcile.kube import Kube, KubeError
-from pagoda.operator.reconcile.pods import POD_KIND, next_startup_deadline
 from pagoda.operator.reconcile.problems import (
     apply_problem,
     invalid_spec,
@@ -42,21 +42,7 @@ from pagoda.operator.reconcile.problems import (
     secret_names,
     secret_not_found,
 )
-from pagoda.operator.reconcile.profile import PROFILE_KIND, profile_status, slo_concurrency, tuned_engine
-from pagoda.operator.reconcile.scaling import HPA_KIND, hpa_name, scale_event
-from pagoda.operator.reconcile.scalingmetrics import metrics_event
-from pagoda.operator.reconcile.slo import slo_event
-from pagoda.operator.reconcile.startup import typical_seconds
-from pagoda.operator.reconcile.status import (
-    Observed,
-    Problem,
-    compute_status,
-    degraded_now,
-    first_report_wait,
-    status_changed,
-    status_patch,
-)
-from pagoda.operator.reconcile.times import parse_time, rfc3339_now
+from pagoda.operator.reconcile.profile import profile_status
 from pagoda.operator.resources import (
     CHILD_KINDS,
     DEFAULT_RUNTIME_IMAGE,
@@ -67,6 +53,22 @@ from pagoda.operator.resources import (
     service_url,
 )
 from pagoda.operator.resources.meta import OWNER_LABEL, REPLICAS_HANDOVER_MANAGER
+from pagoda.operator.status.pods import POD_KIND, next_startup_deadline
+from pagoda.operator.status.profile import PROFILE_KIND, slo_concurrency, tuned_engine
+from pagoda.operator.status.report import (
+    Observed,
+    Problem,
+    compute_status,
+    degraded_now,
+    first_report_wait,
+    status_changed,
+    status_patch,
+)
+from pagoda.operator.status.scaling import HPA_KIND, hpa_name, scale_event
+from pagoda.operator.status.scalingmetrics import metrics_event
+from pagoda.operator.status.slo import slo_event
+from pagoda.operator.status.startup import typical_seconds
+from pagoda.operator.status.times import parse_time, rfc3339_now
 
 log = logging.getLogger("pagoda.operator.reconcile")
 PLURALS = {kind: (api_version, plural) for api_version, kind, plural in CHILD_KINDS}
@@ -74,14 +76,6 @@ RETRY_AFTER_S = 30.0
 
 Obj = dict[str, Any]
 ChildKey = tuple[str, str]  # (kind, name)
-
-
-@dataclass
-class Outcome:
-    result: str  # applied | unchanged | error | gone
-    requeue_after: float | None = None
-    writes: int = 0
-    problems: list[Problem] = field(default_factory=list)
 
 
 class OwnerGone(Exception):
@@ -103,7 +97,7 @@ class Pass:
     problems: list[Problem]
     hpa: Obj | None = None  # the HPA KEDA made from our ScaledObject (watched, not ours to apply)
     capacity: CapacityReader | None = None
-    adapters: AdapterReport | None = None  # spec.lora's adapters in the Ready pods (reconcile/adapters.py)
+    adapters: AdapterReport | None = None  # spec.lora's adapters in the Ready pods (kube/adapters.py)
     restart: restarts.RestartPlan | None = None  # the restart schedule after this pass's writes
     node_cache: bool = False  # spec.model.cache.scope Node: status.modelCache reports the nodes' caches
     writes: int = 0

@@ -9,7 +9,7 @@ import os
 import socket
 from typing import Any
 
-from pagoda.operator.reconcile.kube import Kube, KubeError
+from pagoda.operator.kube.client import Kube, KubeError
 from pagoda.operator.resources.meta import FIELD_MANAGER
 
 log = logging.getLogger("pagoda.operator.events")

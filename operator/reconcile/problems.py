@@ -7,8 +7,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from pagoda.operator.api import describe
-from pagoda.operator.reconcile.kube import Kube, KubeError
-from pagoda.operator.reconcile.status import Problem
+from pagoda.operator.kube.client import Kube, KubeError
+from pagoda.operator.status.report import Problem
 
 Obj = dict[str, Any]
 INVALID_SPEC_PREFIX = "The spec is invalid, fix it: "

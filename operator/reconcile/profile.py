@@ -1,106 +1,27 @@
-"""status.profile: what the capacity profile Job (resources/profile.py) measured, read once when it ends.
+"""status.profile read from the cluster: the capacity profile Job's result, from its pod's termination
+message.
 
 `pagoda-runtime profile` writes its result, one compact JSON object, to the container's termination message;
 the kubelet keeps it in the pod's status (at most 4 KiB). A pass reads it when the Job has finished and the
-status does not yet name that Job as finished: one list of the Job's pods, once per profile. Until then the
-status says Running; a Job that failed or ran past its deadline is Failed, with the runtime's reason (its
-termination message) or the Job controller's.
-
-A profile that met the SLO at no step has no `concurrency`; `lastMetConcurrency` then keeps the last one
-measured (the previous profile's `concurrency`, or its own `lastMetConcurrency`), and `slo_concurrency` gives
-metric SLO's target that, or 1 when no profile ever met the SLO: a tighter SLO never loosens the autoscaler
-(reconcile/slo.py reports it as the condition SLOUnmet).
+status does not yet name that Job as finished: one list of the Job's pods, once per profile. What the result
+means for the status is status/profile.py's.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic import ValidationError
-
-from pagoda.operator.api.status import ProfileStatus
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources.meta import CONTAINER_NAME
+from pagoda.operator.status import profile
 
 Obj = dict[str, Any]
-PROFILE_KIND = "Job"
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
-FINISHED = ("Succeeded", "Failed")
-# The runtime's result keys copied as they are (the SLO's two objectives become ttftMs and interTokenMs;
-# `engine`, the tuned batch settings, loses its nulls: a field the choice leaves alone is absent).
-RESULT_KEYS = ("concurrency", "requestsPerSecond", "outputTokensPerSecond", "steps", "engine")
-# What a successful profile measured: kept through later profiles until another succeeds.
-MEASURED = (*RESULT_KEYS, "ttftMs", "interTokenMs", "measuredBy", "measuredAt", "lastMetConcurrency")
-# metric SLO's base while the newest profile met the SLO at no step and none before it did.
-UNMET_CONCURRENCY = 1
 
 
 def profile_status(kube: Kube, namespace: str, job: Obj | None, previous: Obj | None) -> Obj | None:
-    """status.profile for the current profile Job (None: no Job, so no profile). `previous`: the status's
-    last status.profile, kept as it is once it reports this Job as finished. The measured fields (MEASURED)
-    are the last successful profile's until another succeeds: a new profile that runs or fails leaves the
-    autoscaler (metric SLO) the target it has, and `measuredBy` names the Job they come from."""
-    if job is None:
-        return None
-    name = job["metadata"]["name"]
-    if previous and previous.get("job") == name and previous.get("state") in FINISHED:
-        return previous
-    kept = {key: previous[key] for key in MEASURED if previous and key in previous}
-    state, finished_at, reason = job_outcome(job)
-    if state == "Running":
-        return {"job": name, "state": "Running", **kept}
-    message = termination_message(kube, namespace, name)
-    status: Obj = {"job": name, "state": state}
-    if finished_at:
-        status["finishedAt"] = finished_at
-    if state == "Failed":
-        return _bounded({**status, **kept, "message": message or reason or "the profile Job failed"}, kept)
-    fields = result_fields(message)
-    if fields.get("state") == "Failed":
-        return _bounded({**status, **kept, **fields}, kept)
-    measured = {"measuredBy": name, **({"measuredAt": finished_at} if finished_at else {})}
-    last_met = measured_concurrency(kept) or _count(kept.get("lastMetConcurrency"))
-    if measured_concurrency(fields) is None and last_met is not None:  # met at no step: keep the last
-        measured["lastMetConcurrency"] = last_met
-    return _bounded({**status, **fields, **measured}, kept)
-
-
-def measured_concurrency(profile: Obj | None) -> int | None:
-    """The concurrency per replica the last successful profile measured within the SLO, if any."""
-    return _count((profile or {}).get("concurrency"))
-
-
-def slo_unmet(profile: Obj | None) -> bool:
-    """The newest successful profile met the SLO at no step (it measured, and found no concurrency)."""
-    return bool((profile or {}).get("measuredBy")) and measured_concurrency(profile) is None
-
-
-def slo_concurrency(profile: Obj | None) -> int | None:
-    """metric SLO's base (api/scaling.py slo_target), from status.profile: the concurrency the newest
-    successful profile measured within the SLO; when it met the SLO at no step, the last one measured
-    (lastMetConcurrency), else UNMET_CONCURRENCY; None before any profile measured (targetInFlight holds)."""
-    if not slo_unmet(profile):
-        return measured_concurrency(profile)
-    return _count((profile or {}).get("lastMetConcurrency")) or UNMET_CONCURRENCY
-
-
-def _count(value: Any) -> int | None:
-    """`value` when it is an int of at least 1 as JSON stores it (not a bool); None otherwise."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
-
-
-def job_outcome(job: Obj) -> tuple[str, str | None, str | None]:
-    """(Running | Succeeded | Failed, when it ended, the Job controller's reason and message)."""
-    for condition in (job.get("status") or {}).get("conditions") or []:
-        if condition.get("status") != "True":
-            continue
-        if condition.get("type") == "Complete":
-            return "Succeeded", condition.get("lastTransitionTime"), None
-        if condition.get("type") == "Failed":
-            text = f"{condition.get('reason', 'Failed')}: {condition.get('message', '')}".rstrip(": ")
-            return "Failed", condition.get("lastTransitionTime"), text
-    return "Running", None, None
+    """status.profile for the current profile Job (status/profile.py), its result read from the cluster."""
+    return profile.profile_status(job, previous, lambda name: termination_message(kube, namespace, name))
 
 
 def termination_message(kube: Kube, namespace: str, job: str) -> str | None:
@@ -115,51 +36,3 @@ def termination_message(kube: Kube, namespace: str, job: str) -> str | None:
             if terminated.get("message"):
                 return str(terminated["message"]).strip()
     return None
-
-
-def result_fields(message: str | None) -> Obj:
-    """status.profile's measured fields from the runtime's result (runtime/profile.py); a result that is
-    not one makes the profile Failed with what was read."""
-    try:
-        result = json.loads(message or "")
-        if not isinstance(result, dict):
-            raise ValueError("not a JSON object")
-        slo = result.get("slo") or {}
-        fields = {key: without_nulls(result[key]) for key in RESULT_KEYS if result.get(key) is not None}
-        fields["ttftMs"], fields["interTokenMs"] = slo["ttftMs"], slo["interTokenMs"]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return {"state": "Failed", "message": f"ProfileResultUnreadable: {exc}: {(message or '')[:512]!r}"}
-    return fields
-
-
-def without_nulls(value: Any) -> Any:
-    """`value` with every null member of its objects (and of the objects in its lists) left out."""
-    if isinstance(value, dict):
-        return {key: without_nulls(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [without_nulls(item) for item in value]
-    return value
-
-
-def tuned_engine(profile: Obj | None) -> Obj | None:
-    """The batch settings the last successful profile chose (status.profile.engine), if any."""
-    engine = (profile or {}).get("engine")
-    return engine if isinstance(engine, dict) else None
-
-
-def _bounded(status: Obj, kept: Obj) -> Obj:
-    """The status as the CRD's schema admits it: a result out of its bounds is reported (with the last
-    measured fields, `kept`), not written."""
-    try:
-        ProfileStatus.model_validate(status)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        return {
-            "job": status["job"],
-            "state": "Failed",
-            **({"finishedAt": status["finishedAt"]} if "finishedAt" in status else {}),
-            **kept,
-            "message": f"ProfileResultUnreadable: {where}: {first['msg']}",
-        }
-    return status

@@ -24,9 +24,9 @@ from datetime import UTC, datetime, time, timedelta
 from typing import Any
 
 from pagoda.operator.api import RestartSchedule, RestartWindow
-from pagoda.operator.reconcile.status import desired_replicas, rollout_done
-from pagoda.operator.reconcile.times import parse_time, rfc3339
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
+from pagoda.operator.status.report import desired_replicas, rollout_done
+from pagoda.operator.status.times import parse_time, rfc3339
 
 KUBECTL_RESTARTED_AT = "kubectl.kubernetes.io/restartedAt"
 POSTPONED_RETRY_S = 60.0  # a postponed restart is looked at again this often (watch events come sooner)

@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from kubernetes.utils.quantity import parse_quantity
 
+from pagoda.contract import CACHE_DIR, HTTP_PORT, MANAGEMENT_PUBLIC_KEY_PATH, TLS_CERT_PATH, TLS_KEY_PATH
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.runtime.contract import (
-    CACHE_DIR,
-    HTTP_PORT,
-    MANAGEMENT_PUBLIC_KEY_PATH,
-    TLS_CERT_PATH,
-    TLS_KEY_PATH,
-)
 
 from .chattemplate import CHAT_TEMPLATE_PATH
 

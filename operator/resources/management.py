@@ -1,19 +1,19 @@
 """The runtime's management API key: the ConfigMap holding the operator's public key, and how the pods get it.
 
 Every call the operator makes to a pod's management API (the adapters endpoints) is signed with the
-operator's private key (reconcile/management.py); the pods check it against the public key in this
-ConfigMap, mounted read-only (runtime/management.py). Only a public key: nothing in the user's namespace can
+operator's private key (kube/management.py); the pods check it against the public key in this
+ConfigMap, mounted read-only (contract/management.py). Only a public key: nothing in the user's namespace can
 sign. The runtime reads the file at each call, so a new operator key reaches running pods as the kubelet
 updates the volume (about a minute), without a restart: the key is not part of the pod template. During a
 rotation of the operator's key the file holds two public keys, one PEM block after the other, the key it
-signs with first (reconcile/management.py KeyRing.public_pem); the runtime accepts either.
+signs with first (kube/management.py KeyRing.public_pem); the runtime accepts either.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pagoda.runtime.contract import MANAGEMENT_KEY_DIR, MANAGEMENT_KEY_FILE
+from pagoda.contract import MANAGEMENT_KEY_DIR, MANAGEMENT_KEY_FILE
 
 from .meta import labels
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-# The container's side of the operator-runtime contract (runtime/contract.py), re-exported for the builders.
+# The container's side of the operator-runtime contract (contract/__init__.py), re-exported for the builders.
 
 APP_NAME = "pagoda-runtime"
 # app.kubernetes.io/managed-by on every child and pod: the operator's watches select on it.

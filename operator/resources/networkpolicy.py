@@ -3,7 +3,7 @@ spec.routing to the endpoint picker's.
 
 The runtime serves the inference API, /metrics and the management API on one port, and a NetworkPolicy
 admits by port, not by path: each peer below reaches all three. The management API checks the operator's
-signature on every call (runtime/management.py), so being admitted here lets a peer read metrics and send
+signature on every call (contract/management.py), so being admitted here lets a peer read metrics and send
 requests, never change adapters. Peers:
 - the service's own namespace (its clients there, the picker),
 - the Gateway's namespace when spec.routing.gateway names one (the gateway's proxies call the pods directly),
@@ -20,8 +20,8 @@ import copy
 from collections.abc import Iterable
 from typing import Any
 
+from pagoda.contract import HTTP_PORT
 from pagoda.operator.api import InferenceServiceSpec, NetworkPeer
-from pagoda.runtime.contract import HTTP_PORT
 
 from .meta import metadata, selector
 from .routing import GRPC_PORT, HEALTH_PORT, METRICS_PORT, picker_metadata, picker_selector

@@ -5,10 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.api.model import NODE_CACHE_ROOT
-from pagoda.operator.api.rules import API_KEY_ENV, WRITABLE_ENV
-from pagoda.runtime.contract import (
+from pagoda.contract import (
     CACHE_DIR,
     HTTP_PORT,
     IMAGE_MODEL_DIR,
@@ -19,6 +16,9 @@ from pagoda.runtime.contract import (
     TERMINATION_MESSAGE_ENV,
     TERMINATION_MESSAGE_PATH,
 )
+from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.api.model import NODE_CACHE_ROOT
+from pagoda.operator.api.rules import API_KEY_ENV, WRITABLE_ENV
 
 from .args import COMMAND, runtime_args
 from .chattemplate import (
@@ -34,8 +34,8 @@ from .tls import scheme, tls_mount, tls_volume
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod before SIGTERM arrives
-# After the drain, the runtime (runtime/lifecycle.py) waits up to 15 s for its HTTP server to stop and 30 s
-# for the engine to shut down, then reaps its children: the grace period covers all of it, so the kubelet
+# After the drain, the runtime (runtime/serving/lifecycle.py) waits up to 15 s for its HTTP server to stop and
+# 30 s for the engine to shut down, then reaps its children: the grace period covers all of it, so the kubelet
 # never needs SIGKILL.
 GRACE_MARGIN_SECONDS = 50
 RUN_AS_USER = 65532  # the runtime images' user (runtime/Dockerfile, runtime/Dockerfile.cpu)
@@ -45,7 +45,7 @@ RUN_AS_USER = 65532  # the runtime images' user (runtime/Dockerfile, runtime/Doc
 # and 0 at 2 s (e2e, real node); one GET of /readyz every 2 s costs the runtime nothing.
 STARTUP_PERIOD_SECONDS = 2
 # Which pod the runtime is (the downward API), for a pod that mounts the operator's public key: the runtime
-# accepts only management calls signed for its own UID and addressed to its own IP (runtime/management.py).
+# accepts only management calls signed for its own UID and addressed to its own IP (contract/management.py).
 IDENTITY_ENV = [
     {"name": POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
     {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

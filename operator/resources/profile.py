@@ -2,11 +2,11 @@
 
 The Job's pod is a replica's pod (pod.pod_template: the same image, model, engine flags, resources, volumes
 and placement) with three differences: the container runs `pagoda-runtime profile` instead of `serve`
-(the runtime starts its own server on 127.0.0.1 and measures it, runtime/profile.py), it carries labels of
-its own (no Service, PDB or status counts it as a replica; no NetworkPolicy needs to admit it, as nothing
-connects to it), and it runs once (restartPolicy Never, no probes, a deadline). Without spec.runtime.tls
-too: its server is its own client's alone, on loopback, so it serves plain HTTP and mounts no certificate.
-The result is the container's termination message, which the operator copies into status.profile
+(the runtime starts its own server on 127.0.0.1 and measures it, runtime/profiling/profile.py), it carries
+labels of its own (no Service, PDB or status counts it as a replica; no NetworkPolicy needs to admit it, as
+nothing connects to it), and it runs once (restartPolicy Never, no probes, a deadline). Without
+spec.runtime.tls too: its server is its own client's alone, on loopback, so it serves plain HTTP and mounts no
+certificate. The result is the container's termination message, which the operator copies into status.profile
 (reconcile/profile.py).
 
 The Job's name ends in a digest of its pod template: a change of anything the replica is made of or of the
@@ -14,9 +14,9 @@ SLO, or a new value of the pagoda.dev/profile annotation, names a new Job (a Job
 changed), and the operator deletes the old one as a child no longer wanted.
 
 With spec.slo.tuneEngine the profile also chooses the engine's batch settings (`--tune-engine`,
-runtime/tune.py) and the replicas run them (`with_engine_choice`) for the fields the spec leaves unset. The
-Job itself is always made from the spec's own settings: a choice applied to the replicas must not change
-the Job's template, or every choice would start a new profile.
+runtime/profiling/tune.py) and the replicas run them (`with_engine_choice`) for the fields the spec leaves
+unset. The Job itself is always made from the spec's own settings: a choice applied to the replicas must not
+change the Job's template, or every choice would start a new profile.
 """
 
 from __future__ import annotations
@@ -25,11 +25,10 @@ import copy
 import json
 from typing import Any
 
+from pagoda.contract import TUNE_MAX_RUNS, tune
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.engine import batch_holds_its_sequences
 from pagoda.operator.api.slo import SloSpec
-from pagoda.runtime import tune
-from pagoda.runtime.contract import TUNE_MAX_RUNS
 
 from .meta import content_hash, labels
 from .pod import DEFAULT_RUNTIME_IMAGE, pod_template
@@ -151,7 +150,7 @@ def with_engine_choice(spec: InferenceServiceSpec, choice: dict[str, Any] | None
 
 def free_batch_settings(spec: InferenceServiceSpec) -> frozenset[str]:
     """The batch settings (tune.FLAGS' fields) the spec leaves to the profile: neither its engine field nor
-    the same flag in engine.extraArgs (runtime/tune.py decides the same in the profile)."""
+    the same flag in engine.extraArgs (contract/tune.py decides the same in the profile)."""
     values = {field: getattr(spec.engine, field) for field in tune.FLAGS.values()}
     return tune.unset(values, spec.engine.extra_args)
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import yaml
 
+from pagoda.contract import HTTP_PORT
 from pagoda.operator.api import InferenceServiceSpec, RoutingSpec, ServiceMonitorSpec
 from pagoda.operator.api.routing import RESPONSE_ALLOWANCE_SECONDS, waiting_room_seconds
-from pagoda.runtime.contract import HTTP_PORT
 
 from .meta import content_hash, labels, metadata, selector
 from .quantity import canonical

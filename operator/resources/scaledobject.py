@@ -21,13 +21,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from pagoda.contract import KV_CACHE_USAGE_METRIC, QUEUE_DEPTH_METRIC, RUNNING_REQUESTS_METRIC
 from pagoda.operator.api import AutoscalingSpec, WarmWindow
 from pagoda.operator.api.scaling import DEFAULT_WARM_UP_SECONDS, IN_FLIGHT_METRICS, WEEKDAYS
-from pagoda.runtime.contract import (
-    KV_CACHE_USAGE_METRIC,
-    QUEUE_DEPTH_METRIC,
-    RUNNING_REQUESTS_METRIC,
-)
 
 from .meta import metadata
 from .routing import QUEUE_METRIC

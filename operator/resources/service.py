@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagoda.contract import PORT_NAME
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.runtime.contract import PORT_NAME
 
 from .meta import metadata, selector
 

@@ -2,7 +2,7 @@
 
 The Secret (type kubernetes.io/tls, cert-manager's key names) is mounted read-only as a folder, so that the
 kubelet swaps the files in when cert-manager renews the certificate (it never updates a `subPath` mount);
-the runtime reloads them (runtime/tls.py). The Secret's name is in
+the runtime reloads them (runtime/serving/tls.py). The Secret's name is in
 the pod template: naming another Secret rolls the pods, a renewed certificate in the same Secret does not.
 What talks to the pods follows the pods themselves, not the spec: during a rollout that turns TLS on or off,
 old and new pods differ, and each is called the way its probes are. Whoever verifies the pods' certificate
@@ -17,8 +17,8 @@ import ssl
 from dataclasses import dataclass
 from typing import Any
 
+from pagoda.contract import TLS_CA_KEY, TLS_DIR
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.runtime.contract import TLS_CA_KEY, TLS_DIR
 
 from .meta import CONTAINER_NAME
 
@@ -65,7 +65,7 @@ def scrape_tls(name: str, namespace: str, spec: InferenceServiceSpec) -> dict[st
 def pod_url(pod: dict[str, Any], port: int, path: str) -> str:
     """`<scheme>://<pod IP>:<port><path>` for a runtime pod: https when its runtime container's probes are
     (the pod was made with spec.runtime.tls), else http. The startup probe is read first: it is the one the
-    operator's pod cache keeps (reconcile/cache.py)."""
+    operator's pod cache keeps (kube/cache.py)."""
     ip = str((pod.get("status") or {}).get("podIP") or "")
     host = f"[{ip}]" if ":" in ip else ip
     return f"{pod_scheme(pod)}://{host}:{port}{path}"

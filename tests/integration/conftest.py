@@ -12,9 +12,9 @@ import pytest
 from harness import OperatorProcess
 from kubernetes import client
 
-from e2e.cluster import Cluster
 from e2e.fixtures import cluster, cluster_api, namespace, real_node  # noqa: F401
-from pagoda.operator.reconcile.kube import Kube
+from e2e.lab.cluster import Cluster
+from pagoda.operator.kube.client import Kube
 from tests.repo import REPO
 
 CRD_FILE = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"

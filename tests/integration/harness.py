@@ -1,18 +1,18 @@
-"""The operator as a subprocess (as in production) for integration tests, on e2e.processes."""
+"""The operator as a subprocess (as in production) for integration tests, on e2e.lab.processes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from e2e import processes
-from e2e.processes import wait_until
+from e2e.lab import processes
+from e2e.lab.processes import wait_until
 from tests.repo import REPO
 
 __all__ = ["MANAGEMENT_KEY_SECRET", "RESYNC_SECONDS", "OperatorProcess", "wait_until"]
 
 RESYNC_SECONDS = 5
 # Where the operator keeps its management key, as the chart has it in the release's namespace: every start
-# of the operator signs with the same key (operator/reconcile/management.py).
+# of the operator signs with the same key (operator/kube/management.py).
 MANAGEMENT_KEY_SECRET = ("default", "pagoda-management-key")
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.processes import wait_until
+from e2e.lab.processes import wait_until
 
 GROUP, VERSION, PLURAL = "pagoda.dev", "v1alpha1", "inferenceservices"
 

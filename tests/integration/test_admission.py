@@ -17,10 +17,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
+from pagoda.contract import IMAGE_MODEL_NAME
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.rules import MSG_ADAPTER_SERVED_NAME
 from pagoda.operator.reconcile.problems import INVALID_SPEC_PREFIX, invalid_spec
-from pagoda.runtime.contract import IMAGE_MODEL_NAME
 from tests.repo import REPO
 
 # Autoscaling needs a metrics source: the ServiceMonitor the operator writes.
@@ -286,7 +286,7 @@ def test_every_example_is_accepted_by_the_api_server(
     assert created["spec"] == body["spec"]
 
 
-# The name a model is served under when spec.model.servedName is unset (runtime/contract.py), on each scheme:
+# The name a model is served under when spec.model.servedName is unset (contract/__init__.py), on each scheme:
 # (id, model URI, an adapter named like it), which every pod would refuse (the runtime's --lora check).
 SERVED_NAME_CLASHES: list[tuple[str, str, str]] = [
     ("file", "file:///models/tiny/", "tiny"),

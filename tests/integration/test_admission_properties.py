@@ -27,10 +27,10 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from pydantic import ValidationError
 
+from pagoda.contract import IMAGE_MODEL_NAME, default_served_name
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api.rules import MODEL_URI_PATTERN, MSG_ADAPTER_SERVED_NAME
 from pagoda.operator.resources import desired_children
-from pagoda.runtime.contract import IMAGE_MODEL_NAME, default_served_name
 from tests.repo import REPO
 
 CRD = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
@@ -264,7 +264,7 @@ def test_one_broken_field_is_refused_by_both_naming_it(crd: None, cluster_api: A
     check()
 
 
-# The served-name rule (runtime/contract.py) on every scheme: model URIs built from parts that make each path
+# The served-name rule (contract/__init__.py) on every scheme: model URIs built from parts that make each path
 # rule come up (empty parts, '.', '..', trailing slashes, dotted names), without spec.model.servedName, and
 # adapters named from the same parts.
 _NAMES = ["tiny", "models", "a.b", "x-1", "c", IMAGE_MODEL_NAME, "gpt2"]

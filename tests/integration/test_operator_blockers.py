@@ -18,7 +18,7 @@ from harness import OperatorProcess, wait_until
 from isvc import condition, create, get, patch, wait_ready
 from kubernetes import client
 
-from e2e.cluster import GPU_NODES, Cluster
+from e2e.lab.cluster import GPU_NODES, Cluster
 from pagoda.operator.resources.meta import OWNER_LABEL
 
 TAINT_KEY = "pagoda.dev/test-dedicated"

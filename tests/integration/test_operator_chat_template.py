@@ -11,7 +11,7 @@ from harness import OperatorProcess, wait_until
 from isvc import condition, create, create_ready, get, is_true, patch, wait_ready
 from kubernetes import client
 
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources.chattemplate import CHAT_TEMPLATE_HASH_ANNOTATION, CHAT_TEMPLATE_PATH
 
 GOOD = "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"

@@ -1,4 +1,4 @@
-"""Two operator replicas with leader election on a Lease (operator/reconcile/leader.py), on the real API
+"""Two operator replicas with leader election on a Lease (operator/kube/leader.py), on the real API
 server: only the leader writes; killed (SIGKILL) in the middle of a spec change, the other takes over
 within the lease duration and completes the change; stopped cleanly (SIGTERM), it hands the Lease over at
 once. The fence: a leader whose renewals stopped (its event loop stalled, its process paused) writes
@@ -19,10 +19,10 @@ from harness import OperatorProcess, wait_until
 from isvc import create_ready, get, patch, ready_and_current
 from kubernetes import client
 
-from e2e.cluster import Cluster
+from e2e.lab.cluster import Cluster
+from pagoda.operator.kube.client import Kube, NotLeader
+from pagoda.operator.kube.leader import LeaderElector, Timing
 from pagoda.operator.reconcile.core import reconcile
-from pagoda.operator.reconcile.kube import Kube, NotLeader
-from pagoda.operator.reconcile.leader import LeaderElector, Timing
 
 LEASE = ("default", "pagoda-operator-test-leader")
 WRITES = "pagoda_operator_api_writes_total"

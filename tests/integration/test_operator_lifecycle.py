@@ -17,7 +17,7 @@ from isvc import (
 from kubernetes import client
 
 from pagoda.operator.api import CONDITION_TYPES
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources.meta import OWNER_LABEL
 
 CHILD_LABELS = {

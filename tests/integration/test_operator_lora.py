@@ -13,7 +13,7 @@ from harness import OperatorProcess, wait_until
 from isvc import create_ready, get, patch
 from kubernetes import client
 
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources.meta import OWNER_LABEL
 
 LIMITS = {"maxLoras": 2, "maxLoraRank": 8, "maxCpuLoras": 4}

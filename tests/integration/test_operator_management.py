@@ -1,6 +1,6 @@
 """The operator's management key on the real control plane: stored in its Secret on first start, its public
 half in a ConfigMap per service that the pods mount; nothing secret in the user's namespace
-(operator/reconcile/management.py, resources/management.py); one annotation rotates the key, the new public
+(operator/kube/management.py, resources/management.py); one annotation rotates the key, the new public
 key published in the ConfigMaps before the operator signs with it. Tier 3 checks the signatures against the
 real runtime, e2e/test_lora.py through the chart's operator on the real node; that no call is refused during
 a rotation, tests/unit/test_reconcile_management.py (kwok's pods run no runtime to call)."""
@@ -14,16 +14,11 @@ from harness import MANAGEMENT_KEY_SECRET, OperatorProcess, wait_until
 from isvc import create_ready
 from kubernetes import client
 
-from e2e.cluster import Cluster
-from pagoda.operator.reconcile.kube import Kube
-from pagoda.operator.reconcile.management import (
-    KEY_FIELD,
-    NEXT_KEY_FIELD,
-    PUBLISHED_ANNOTATION,
-    ROTATE_ANNOTATION,
-)
-from pagoda.runtime import contract
-from pagoda.runtime.management import Signer
+from e2e.lab.cluster import Cluster
+from pagoda import contract
+from pagoda.contract.management import Signer
+from pagoda.operator.kube.client import Kube
+from pagoda.operator.kube.management import KEY_FIELD, NEXT_KEY_FIELD, PUBLISHED_ANNOTATION, ROTATE_ANNOTATION
 
 
 def test_the_pods_get_the_public_half_of_the_stored_key_and_nothing_secret(

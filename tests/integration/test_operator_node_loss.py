@@ -4,9 +4,9 @@ it Unknown, taints it unreachable and turns its pods' Ready condition False. The
 and node (Degraded and Ready reason NodeLost) while the replica on the other node serves and is counted;
 when the node heartbeats again the reason clears.
 
-How a kwok node stops: kwok runs with node leases (--node-lease-duration-seconds, e2e/cluster.py) and manages
-only the nodes whose Lease it holds (several kwok instances share a cluster that way). The test takes the
-node's Lease as another holder that never renews it: kwok stops renewing the Lease and stops writing the
+How a kwok node stops: kwok runs with node leases (--node-lease-duration-seconds, e2e/lab/cluster.py) and
+manages only the nodes whose Lease it holds (several kwok instances share a cluster that way). The test takes
+the node's Lease as another holder that never renews it: kwok stops renewing the Lease and stops writing the
 node's and its pods' status, exactly what kube-controller-manager sees of a dead kubelet. Handing the Lease
 back expired makes kwok take it again at its next try and report the node Ready.
 """
@@ -23,9 +23,9 @@ from harness import OperatorProcess, wait_until
 from isvc import condition, create, get, wait_ready
 from kubernetes import client
 
-from e2e.cluster import GPU_NODES, Cluster
-from pagoda.operator.reconcile.nodes import UNREACHABLE_TAINT
+from e2e.lab.cluster import GPU_NODES, Cluster
 from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.status.nodes import UNREACHABLE_TAINT
 
 LEASE_NAMESPACE = "kube-node-lease"
 DEAD_KUBELET = "pagoda-test-dead-kubelet"  # the Lease holder that never renews

@@ -17,7 +17,7 @@ from harness import OperatorProcess, wait_until
 from isvc import condition, create, get, patch
 from kubernetes import client
 
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.reconcile.profile import JOB_NAME_LABEL
 from pagoda.operator.resources.meta import OWNER_LABEL
 from pagoda.operator.resources.profile import PROFILE_REQUEST_ANNOTATION

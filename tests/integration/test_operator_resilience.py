@@ -8,8 +8,8 @@ from harness import OperatorProcess, wait_until
 from isvc import condition, create, create_ready, get, wait_ready
 from kubernetes import client
 
-from e2e.cluster import Cluster
-from pagoda.operator.reconcile.kube import Kube
+from e2e.lab.cluster import Cluster
+from pagoda.operator.kube.client import Kube
 
 
 def test_deleted_and_hand_edited_children_are_restored(

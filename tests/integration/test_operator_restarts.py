@@ -11,7 +11,7 @@ from harness import OperatorProcess, wait_until
 from isvc import create_ready, get, patch, ready_and_current
 from kubernetes import client
 
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources.meta import (
     OWNER_LABEL,
     RESTART_SCHEDULE_SINCE_ANNOTATION,

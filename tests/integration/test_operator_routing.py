@@ -15,9 +15,9 @@ from isvc import create, get, patch
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from e2e.cluster import Cluster
+from e2e.lab.cluster import Cluster
 from pagoda.operator.api import rules
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources import selector
 
 POOL_CRD = "inferencepools.inference.networking.k8s.io"

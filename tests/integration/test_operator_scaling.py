@@ -13,9 +13,9 @@ from isvc import create, create_ready, get, managed_fields_of, patch, ready_and_
 from kubernetes import client
 from test_operator_routing import ROUTING, condition, install_crd
 
-from e2e.cluster import Cluster
+from e2e.lab.cluster import Cluster
 from pagoda.operator.api.status import METRICS_UNAVAILABLE
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources.scaledobject import FALLBACK_FAILURES
 
 

@@ -20,11 +20,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from e2e._pki import write_tls_dir
+from e2e.lab._pki import write_tls_dir
+from pagoda import contract
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.rules import MSG_TLS_ROUTING
-from pagoda.operator.reconcile.kube import Kube
-from pagoda.runtime import contract
+from pagoda.operator.kube.client import Kube
 
 TLS = {"tls": {"secretName": "tiny-tls"}}
 MONITORED = {"monitoring": {"serviceMonitor": {"enabled": True}}}

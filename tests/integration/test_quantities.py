@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from e2e._objects import request
+from e2e.lab._objects import request
 from tests.unit.test_resources_quantity import CANONICAL, NOT_QUANTITIES
 
 

@@ -1,6 +1,6 @@
 """Tier 3 fixtures: the tiny model (made by the CLI), vLLM's model-registry answers seeded once (as the
-runtime images carry them, runtime/modelinfo.py) for every runtime of the session, and one shared runtime
-for the serving tests."""
+runtime images carry them, runtime/models/modelinfo.py) for every runtime of the session, and one shared
+runtime for the serving tests."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from rt_harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RUNTIME, RuntimeProcess  # noqa: E402
 
-from pagoda.runtime.modelinfo import SEED_ENV  # noqa: E402
-from pagoda.runtime.tinymodel import CHAT_TEMPLATE  # noqa: E402
+from pagoda.runtime.models.modelinfo import SEED_ENV  # noqa: E402
+from pagoda.runtime.tools.tinymodel import CHAT_TEMPLATE  # noqa: E402
 
 
 @pytest.fixture(scope="session")

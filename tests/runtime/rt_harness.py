@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import psutil
 
-from e2e.processes import VENV_BIN, ManagedProcess, WaitTimeout, free_port, runtime_env, wait_until
+from e2e.lab.processes import VENV_BIN, ManagedProcess, WaitTimeout, free_port, runtime_env, wait_until
 
 __all__ = ["CHAT_TEMPLATE_MARKER", "RUNTIME", "RuntimeProcess", "wait_until"]
 

@@ -19,7 +19,7 @@ from rt_harness import RuntimeProcess, wait_until
 pytestmark = pytest.mark.runtime
 
 LABEL = '{model_name="tiny"}'
-GATED = "Gated vLLM's routes not_forwarded="  # the runtime's log line (runtime/lifecycle.py)
+GATED = "Gated vLLM's routes not_forwarded="  # the runtime's log line (runtime/serving/lifecycle.py)
 
 
 def metric(runtime: RuntimeProcess, name: str) -> float:
@@ -105,10 +105,10 @@ def test_a_sigterm_while_python_imports_the_engine_stops_it_at_once_with_exit_0(
 ) -> None:
     """In a container the runtime is PID 1, where a signal without a handler is dropped: a pod deleted while
     torch and vLLM were being imported waited out its grace period and was SIGKILLed (exit 137, seen in
-    e2e/test_real_pods.py on a scale-down). `serve` takes SIGTERM from its first line (runtime/signals.py)
-    and then stops without loading the engine. The signal comes as soon as torch's library is mapped, seconds
-    before the imports end and the event loop starts; out of a container, without that handler, the default
-    action would end the process with -15."""
+    e2e/test_real_pods.py on a scale-down). `serve` takes SIGTERM from its first line
+    (runtime/serving/signals.py) and then stops without loading the engine. The signal comes as soon as
+    torch's library is mapped, seconds before the imports end and the event loop starts; out of a container,
+    without that handler, the default action would end the process with -15."""
     runtime = RuntimeProcess(model=f"file://{tiny_model}", workdir=tmp_path).start()
     try:
         assert runtime.proc is not None
@@ -373,7 +373,8 @@ def test_missing_or_broken_model_exits_1_naming_the_uri(
         assert rc == 1, log[-3000:]
         assert f"Failed to load model uri={uri}" in log
         assert "Stopped runtime exit_code=1" in log
-        # The root cause, from the engine's own process when it failed there (runtime/enginefailure.py).
+        # The root cause, from the engine's own process when it failed there
+        # (runtime/serving/enginefailure.py).
         reason = "ModelNotFound" if problem == "missing" else "ModelInvalid"
         assert message.read_text().startswith(f"{reason}: "), message.read_text()
     finally:

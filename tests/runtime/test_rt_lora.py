@@ -19,8 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rt_harness import ENGINE_FLAGS, RuntimeProcess, wait_until
 
-from pagoda.runtime import contract, management
-from pagoda.runtime.tinyadapter import TinyAdapterSpec, make_tiny_adapter
+from pagoda import contract
+from pagoda.contract import management
+from pagoda.runtime.tools.tinyadapter import TinyAdapterSpec, make_tiny_adapter
 
 pytestmark = pytest.mark.runtime
 ADAPTERS = "/v1/pagoda/adapters"

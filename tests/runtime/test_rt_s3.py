@@ -21,10 +21,10 @@ import pytest
 from minio.datatypes import Object
 from minio.error import S3Error
 
-from e2e.minio import USER, MinioServer
-from pagoda.runtime import sources
-from pagoda.runtime.modelcache import ModelCache
-from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
+from e2e.lab.minio import USER, MinioServer
+from pagoda.runtime.models import sources
+from pagoda.runtime.models.modelcache import ModelCache
+from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri, resolve
 from tests.repo import REPO
 
 pytestmark = pytest.mark.runtime
@@ -67,7 +67,7 @@ def test_s3_model_arrives_byte_identical_and_is_kept_on_the_next_start(
     expected = tree(tiny_model)
     assert "config.json" in expected and len(expected) >= 3
     uri = f"s3://{BUCKET}/{PREFIX}"
-    with caplog.at_level(logging.INFO, logger="pagoda.runtime.sources"):
+    with caplog.at_level(logging.INFO, logger="pagoda.runtime.models.sources"):
         path = resolve(parse_model_uri(uri), str(tmp_path))
     assert path == sources.s3_folder(parse_model_uri(uri), tmp_path)
     assert path.relative_to(tmp_path).parts[1].startswith("127.0.0.1_")  # the store's folder
@@ -78,7 +78,7 @@ def test_s3_model_arrives_byte_identical_and_is_kept_on_the_next_start(
     assert any(f"objects={len(expected)} fetched={len(expected)} bytes={size}" in m for m in messages)
 
     caplog.clear()  # A restarted pod finds the files in its cache volume and fetches nothing.
-    with caplog.at_level(logging.INFO, logger="pagoda.runtime.sources"):
+    with caplog.at_level(logging.INFO, logger="pagoda.runtime.models.sources"):
         assert resolve(parse_model_uri(uri), str(tmp_path)) == path
     assert any(f"objects={len(expected)} fetched=0" in r.getMessage() for r in caplog.records)
 

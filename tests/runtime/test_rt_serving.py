@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from rt_harness import CHAT_TEMPLATE_MARKER, ENGINE_FLAGS, RuntimeProcess, wait_until
 
-from e2e import openai_surface
+from e2e.lab import openai_surface
 
 pytestmark = pytest.mark.runtime
 
@@ -79,7 +79,7 @@ def test_chat_completion(server: RuntimeProcess) -> None:
 def test_chat_requests_are_rendered_with_the_chat_template_flag(server: RuntimeProcess) -> None:
     """The server runs with --chat-template (conftest.py): vLLM renders chat requests with that file, not the
     model's own template. The chat completion's own prompt tokens (vLLM's `return_token_ids`), echoed back
-    as text by a completion (vLLM's /tokenize and /detokenize are not served: runtime/routes.py)."""
+    as text by a completion (vLLM's /tokenize and /detokenize are not served: runtime/serving/routes.py)."""
     messages = [{"role": "user", "content": "Say hello."}]
     api = client(server)
     reply = api.chat.completions.create(
@@ -270,9 +270,9 @@ def test_kv_cache_capacity_on_metrics_and_as_json(server: RuntimeProcess) -> Non
 
 
 def test_start_up_phases_as_json_and_on_metrics(server: RuntimeProcess, tiny_model: Path) -> None:
-    """Every phase of runtime/startup.py, in order, vLLM's weight load and engine init split out of the
-    engine's start (the sample's settings run vLLM's engine in this process), adding up to the process's age
-    at ready."""
+    """Every phase of runtime/serving/startup.py, in order, vLLM's weight load and engine init split out of
+    the engine's start (the sample's settings run vLLM's engine in this process), adding up to the process's
+    age at ready."""
     startup = server.get("/v1/pagoda/capacity").json()["startup"]
     phases = startup["phases"]
     assert list(phases) == ["imports", "modelFetch", "engineSetup", "weightLoad", "engineInit", "apiServer"]
@@ -292,10 +292,10 @@ def test_start_up_phases_as_json_and_on_metrics(server: RuntimeProcess, tiny_mod
 
 
 def test_every_openai_parameter_is_served_or_refused_and_the_engine_lives(server: RuntimeProcess) -> None:
-    """e2e/openai_surface.py's sweep: logprobs, top_logprobs, n, seed, stop, response_format, tools, streamed
-    usage, prompt_logprobs, echo and the rest, each served with its effect shown or refused with a 4xx; the
-    engine still serves after (a `logprobs` request made the CPU engine compile a kernel in its step:
-    runtime/engine.py). Tier 4 sends the same to a pod of the image (e2e/test_api_surface.py)."""
+    """e2e/lab/openai_surface.py's sweep: logprobs, top_logprobs, n, seed, stop, response_format, tools,
+    streamed usage, prompt_logprobs, echo and the rest, each served with its effect shown or refused with a
+    4xx; the engine still serves after (a `logprobs` request made the CPU engine compile a kernel in its step:
+    runtime/serving/engine.py). Tier 4 sends the same to a pod of the image (e2e/test_api_surface.py)."""
     wrong = openai_surface.sweep(client(server))
     assert not wrong, "\n".join(map(str, wrong))
     server.check_alive()

@@ -17,7 +17,7 @@ import pytest
 from cryptography import x509
 from rt_harness import ENGINE_FLAGS, RuntimeProcess, wait_until
 
-from e2e._pki import SecretVolume, TlsDir, write_tls_dir
+from e2e.lab._pki import SecretVolume, TlsDir, write_tls_dir
 
 pytestmark = pytest.mark.runtime
 

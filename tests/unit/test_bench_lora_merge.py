@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pagoda.runtime.tinyadapter import TARGET_MODULES, TinyAdapterSpec, make_tiny_adapter, module_shapes
-from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model
+from pagoda.runtime.tools.tinyadapter import TARGET_MODULES, TinyAdapterSpec, make_tiny_adapter, module_shapes
+from pagoda.runtime.tools.tinymodel import TinyModelSpec, make_tiny_model
 from tests.repo import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))  # as when it runs as a script: it imports benchmarks/servers.py

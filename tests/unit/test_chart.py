@@ -1,4 +1,5 @@
-"""The Helm chart, rendered by the real Helm binary (built from e2e/tools into .pagoda-dev/bin by make tools).
+"""The Helm chart, rendered by the real Helm binary (built from e2e/lab/tools into .pagoda-dev/bin by make
+tools).
 
 No cluster here: `helm lint` and `helm template` for every scenario under charts/pagoda/ci/, checked for the
 contracts of the chart (labels, RBAC without wildcards that covers every call the operator makes, CRDs
@@ -20,14 +21,14 @@ import pytest
 import yaml
 
 from pagoda.operator.handlers import OBSERVED_KINDS
-from pagoda.operator.reconcile.nodes import NODE_KIND
 from pagoda.operator.resources import CHILD_KINDS
 from pagoda.operator.resources.routing import PICKER_CLUSTER_RULES
+from pagoda.operator.status.nodes import NODE_KIND
 from tests.repo import REPO
 
 CHART = REPO / "charts" / "pagoda"
 SCENARIOS = sorted((CHART / "ci").glob("*-values.yaml"))
-KUBE_VERSION = "1.36.3"  # the version e2e/tools pins; `helm template` assumes an old default otherwise
+KUBE_VERSION = "1.36.3"  # the version e2e/lab/tools pins; `helm template` assumes an old default otherwise
 CHART_META = yaml.safe_load((CHART / "Chart.yaml").read_text())
 
 
@@ -132,7 +133,7 @@ def test_rbac_has_no_wildcards(scenario: tuple[Path, list[dict[str, Any]]]) -> N
 def test_the_operator_reads_only_its_own_key_and_lease(scenario: tuple[Path, list[dict[str, Any]]]) -> None:
     """In the release's namespace: its one Secret (`get` and `update` by name, `create`, which RBAC cannot
     limit to a name that does not exist yet, for the first replica that finds none:
-    operator/reconcile/management.py) and its leader Lease (reconcile/leader.py)."""
+    operator/kube/management.py) and its leader Lease (kube/leader.py)."""
     _, docs = scenario
     (role,) = find(docs, "Role", "pagoda-self")
     assert role["metadata"]["namespace"] == "pagoda-system"
@@ -141,7 +142,7 @@ def test_the_operator_reads_only_its_own_key_and_lease(scenario: tuple[Path, lis
             "apiGroups": [""],
             "resources": ["secrets"],
             "resourceNames": ["pagoda-management-key"],
-            "verbs": ["get", "update"],  # update: its rotation (reconcile/management.py)
+            "verbs": ["get", "update"],  # update: its rotation (kube/management.py)
         },
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
         {

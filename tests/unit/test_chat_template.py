@@ -16,11 +16,12 @@ import pytest
 from fakekube import StampingWrites, owner_object
 from pydantic import ValidationError
 
+from pagoda.contract.chattemplate import compile_error
 from pagoda.operator.api import InferenceServiceSpec, error_messages
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.client import KubeError
 from pagoda.operator.reconcile import core
-from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.chattemplate import read_chat_template
-from pagoda.operator.reconcile.kube import KubeError
 from pagoda.operator.resources import RestartStamps, desired_children
 from pagoda.operator.resources.chattemplate import (
     CHAT_TEMPLATE_HASH_ANNOTATION,
@@ -28,8 +29,7 @@ from pagoda.operator.resources.chattemplate import (
     chat_template_text,
 )
 from pagoda.operator.resources.meta import RESTARTED_AT_ANNOTATION
-from pagoda.runtime.chattemplate import compile_error
-from pagoda.runtime.tinymodel import CHAT_TEMPLATE as TINY
+from pagoda.runtime.tools.tinymodel import CHAT_TEMPLATE as TINY
 
 Obj = dict[str, Any]
 NOW = "2026-12-01T00:00:00Z"
@@ -51,7 +51,7 @@ def spec_with(chat_template: Obj | None) -> InferenceServiceSpec:
     return InferenceServiceSpec.model_validate(spec)
 
 
-# --- Compiling (runtime/chattemplate.py, shared by the operator and the runtime) ---
+# --- Compiling (contract/chattemplate.py, shared by the operator and the runtime) ---
 
 
 @pytest.mark.parametrize(

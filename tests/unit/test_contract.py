@@ -1,4 +1,4 @@
-"""The operator-runtime contract (runtime/contract.py) is defined once: no module of operator/ or runtime/
+"""The operator-runtime contract (contract/__init__.py) is defined once: no module of operator/ or runtime/
 spells one of its values out again (in code; docstrings and comments may name them for the reader), and the
 types built from it keep the CRD's enums."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from pagoda import contract
 from pagoda.operator.api.engine import EngineSpec
 from pagoda.operator.api.lora import LoraSpec
-from pagoda.runtime import contract
-from pagoda.runtime.config import ServeConfig
+from pagoda.runtime.serving.config import ServeConfig
 from tests.repo import REPO
 
 CONTRACT_FILE = REPO / "runtime" / "contract.py"
@@ -88,7 +88,7 @@ def sources() -> list[Path]:
 @pytest.mark.parametrize("path", sources(), ids=lambda p: str(p.relative_to(REPO)))
 def test_no_module_defines_its_own_copy_of_the_contract(path: Path) -> None:
     found = copies(path.read_text())
-    assert not found, f"{path.relative_to(REPO)} repeats runtime/contract.py: {found}; import it instead"
+    assert not found, f"{path.relative_to(REPO)} repeats contract/__init__.py: {found}; import it instead"
 
 
 def test_the_scan_finds_a_copy() -> None:

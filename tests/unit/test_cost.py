@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from metric_contract import RUNTIME_METRICS
 
-from e2e.addons import KSM_CUSTOM_RESOURCE_STATE, KubeStateMetrics
+from e2e.lab.addons import KSM_CUSTOM_RESOURCE_STATE, KubeStateMetrics
 from tests.unit.test_alerts import rule_spec
 from tests.unit.test_chart import CHART, find, only, render
 

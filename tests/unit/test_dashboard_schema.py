@@ -1,9 +1,9 @@
 """The dashboards checked against Grafana's own schema, not only by our reading of it.
 
-`dashboard-lint` (e2e/tools/dashboard-lint, built by `make tools` into .pagoda-dev/bin) decodes each file with
-the grafana-foundation-sdk, the Go types Grafana generates from the schemas it ships, with the default panel
-and data-source plugins registered: strictly (an unknown field, a missing required field or a wrong type is
-an error, in panel options, field config and Prometheus queries too), then Validate() (the schema's
+`dashboard-lint` (e2e/lab/tools/dashboard-lint, built by `make tools` into .pagoda-dev/bin) decodes each file
+with the grafana-foundation-sdk, the Go types Grafana generates from the schemas it ships, with the default
+panel and data-source plugins registered: strictly (an unknown field, a missing required field or a wrong type
+is an error, in panel options, field config and Prometheus queries too), then Validate() (the schema's
 constraints, e.g. gridPos.w <= 24). The cases below show it would catch each kind of mistake.
 """
 

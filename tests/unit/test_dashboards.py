@@ -1,7 +1,7 @@
 """The Grafana dashboards: structure, variables, and every panel query parsed by Prometheus' own parser.
 
 Parsing needs no data: every query, with the variables substituted by the same code as the e2e test's
-(e2e/observability.py: resolve_variables, panel_queries), is wrapped in a recording rule and checked with
+(e2e/lab/observability.py: resolve_variables, panel_queries), is wrapped in a recording rule and checked with
 `promtool check rules`, so a typo fails here before any query runs. Whether each query returns data from a
 real runtime and operator is proved in e2e/test_observability.py; the dashboards' JSON is checked against
 Grafana's schema in test_dashboard_schema.py.
@@ -20,7 +20,7 @@ import pytest
 import yaml
 from metric_contract import LORA_METRICS, OPERATOR_METRICS, PICKER_METRICS, RUNTIME_METRICS
 
-from e2e.observability import PromQL, panel_queries, resolve_variables
+from e2e.lab.observability import PromQL, panel_queries, resolve_variables
 from tests.repo import REPO
 
 DASHBOARDS = sorted((REPO / "charts" / "pagoda" / "files" / "dashboards").glob("*.json"))

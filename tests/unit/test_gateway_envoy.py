@@ -1,6 +1,6 @@
-"""The e2e gateway's Envoy config (e2e/gateway.py, from e2e/envoy-bootstrap.yaml.j2): Envoy itself accepts
-it (`--mode validate`) with and without the round-robin listener and with either failure mode, the values
-land where they belong, and the round-robin listener that benchmarks/bench_routing.py compares against
+"""The e2e gateway's Envoy config (e2e/lab/gateway.py, from e2e/lab/envoy-bootstrap.yaml.j2): Envoy itself
+accepts it (`--mode validate`) with and without the round-robin listener and with either failure mode, the
+values land where they belong, and the round-robin listener that benchmarks/bench_routing.py compares against
 differs from the picker's only in the picking: no ext_proc filter, a ROUND_ROBIN cluster of the given pods,
 the same route and timeouts."""
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.gateway import (
+from e2e.lab.gateway import (
     HEALTH_CLUSTER,
     PICKER_RETRY,
     UPSTREAM_HEADER,

@@ -1,6 +1,6 @@
-"""The image build (e2e/images.py, `make images`): the hashed lock files cover what the Dockerfiles install,
-the CPU image pins the engine the Makefile pins, and every Dockerfile the script builds starts FROM an image
-it provides. No container engine runs here: these check the files the build reads."""
+"""The image build (e2e/lab/images.py, `make images`): the hashed lock files cover what the Dockerfiles
+install, the CPU image pins the engine the Makefile pins, and every Dockerfile the script builds starts FROM
+an image it provides. No container engine runs here: these check the files the build reads."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from e2e import images
+from e2e.lab import images
 from tests.repo import REPO
 
 MAKEFILE = (REPO / "Makefile").read_text()
@@ -131,10 +131,11 @@ def test_build_context_holds_what_the_copy_lines_name_and_no_caches(tmp_path: Pa
         "setup.py",
         "README.md",
         "operator/",
-        "runtime/",
+        "contract/",
     ]
     files = images.context_files(sources, {})
-    assert "operator/main.py" in files and "runtime/cli.py" in files
+    assert "operator/main.py" in files and "contract/__init__.py" in files
+    assert not [path for path in files if path.startswith("runtime/")]  # the operator needs only the contract
     assert not [path for path in files if "__pycache__" in path or path.endswith(".pyc")]
 
 

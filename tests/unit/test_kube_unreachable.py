@@ -12,8 +12,8 @@ import socket
 import pytest
 from kubernetes import client
 
-from pagoda.operator.reconcile.kube import ApiUnreachable, Kube
-from pagoda.operator.reconcile.leader import LeaderElector
+from pagoda.operator.kube.client import ApiUnreachable, Kube
+from pagoda.operator.kube.leader import LeaderElector
 
 
 def closed_port() -> int:

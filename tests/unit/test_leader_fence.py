@@ -1,4 +1,4 @@
-"""The leader fence (operator/reconcile/leader.py, kube.py): a replica writes only while it may hold the
+"""The leader fence (operator/kube/leader.py, kube.py): a replica writes only while it may hold the
 Lease, by its own monotonic clock, whether or not the event loop that renews the Lease (and would end the
 process) still runs. No cluster: a fake clock and a stand-in for the API client."""
 
@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from pagoda.operator.kube.client import Kube, NotLeader
+from pagoda.operator.kube.leader import LeaderElector, Timing
 from pagoda.operator.reconcile import core, events
-from pagoda.operator.reconcile.kube import Kube, NotLeader
-from pagoda.operator.reconcile.leader import LeaderElector, Timing
 
 Obj = dict[str, Any]
 TIMING = Timing(lease_duration=15.0, renew_deadline=10.0, retry_period=2.0)

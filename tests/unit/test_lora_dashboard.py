@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.observability import panel_queries
+from e2e.lab.observability import panel_queries
 from tests.repo import REPO
 
 BOARD = REPO / "charts" / "pagoda" / "files" / "dashboards" / "inferenceservice.json"

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from pagoda.contract.management import Signer, new_private_key
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api import rules as r
-from pagoda.operator.reconcile.adapters import AdapterSync
-from pagoda.runtime.adapters import AdapterManager, management_app
-from pagoda.runtime.management import Signer, new_private_key
-from pagoda.runtime.tinyadapter import make_tiny_adapter
+from pagoda.operator.kube.adapters import AdapterSync
+from pagoda.runtime.serving.adapters import AdapterManager, management_app
+from pagoda.runtime.tools.tinyadapter import make_tiny_adapter
 
 Obj = dict[str, Any]
 HF = "hf://example-org/sql-lora"

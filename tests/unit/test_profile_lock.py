@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from e2e import images
+from e2e.lab import images
 from tests.repo import REPO
 
 

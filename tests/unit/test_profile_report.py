@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from pagoda.runtime import cli, profile
-from pagoda.runtime.profile import MAX_RESULT_BYTES, Slo, summarize
+from pagoda.runtime import cli
+from pagoda.runtime.profiling import profile
+from pagoda.runtime.profiling.profile import MAX_RESULT_BYTES, Slo, summarize
 
 REPORT = json.loads((Path(__file__).parent / "profile_guidellm_report.json").read_text())
 GENEROUS = Slo(ttft_ms=10_000.0, inter_token_ms=1_000.0)

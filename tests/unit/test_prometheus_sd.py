@@ -1,4 +1,4 @@
-"""e2e/prometheus_sd.py: the operator's ServiceMonitor becomes the scrape config the Prometheus Operator
+"""e2e/lab/prometheus_sd.py: the operator's ServiceMonitor becomes the scrape config the Prometheus Operator
 would write, and its relabel rules keep exactly this service's runtime pods with the expected labels.
 
 The rules are applied here to the labels Prometheus' `endpointslice` discovery attaches to a target (built
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.prometheus_sd import (
+from e2e.lab.prometheus_sd import (
     TlsFiles,
     endpointslice_targets,
     sanitize_label_name,

@@ -1,4 +1,4 @@
-"""spec.lora's adapters kept in step in each Ready runtime pod (reconcile/adapters.py), against an in-process
+"""spec.lora's adapters kept in step in each Ready runtime pod (kube/adapters.py), against an in-process
 fake of the runtime's adapters API (docs/lora.md; the real one is exercised by the runtime tier and
 e2e/test_lora.py)."""
 
@@ -13,12 +13,13 @@ from urllib.parse import urlsplit
 import pytest
 from fakekube import StampingWrites, owner_object
 
+from pagoda import contract
+from pagoda.contract import management
 from pagoda.operator.api import InferenceServiceSpec
+from pagoda.operator.kube.adapters import AdapterSync, failure_events
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.client import KubeError
 from pagoda.operator.reconcile import core
-from pagoda.operator.reconcile.adapters import AdapterSync, failure_events
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.kube import KubeError
-from pagoda.runtime import contract, management
 
 Obj = dict[str, Any]
 SIGNER = management.Signer(management.new_private_key())  # the operator's key

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagoda.operator.reconcile.admission import replica_failure_issue
+from pagoda.operator.status.admission import replica_failure_issue
 
 QUOTA = (
     'pods "qd-557c56cb76-zvghq" is forbidden: exceeded quota: gpu, requested: requests.nvidia.com/gpu=1, '

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.kube import Kube
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.client import Kube
 
 LABELS = {"pagoda.dev/inferenceservice": "m"}
 

@@ -8,7 +8,7 @@ import threading
 import urllib.error
 from typing import Any
 
-from pagoda.operator.reconcile.capacity import CapacityReader
+from pagoda.operator.kube.capacity import CapacityReader
 
 
 def pod(uid: str, ready: bool = True, ip: str | None = "10.244.128.2") -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The operator's management key rotation (operator/reconcile/management.py KeyRing): one annotation on the
+"""The operator's management key rotation (operator/kube/management.py KeyRing): one annotation on the
 key Secret, then the new public key published beside the old before anything is signed with it, so a pod
 whose volume follows late never refuses a call; a new leader carries a rotation on from the Secret. The
 signatures are real and checked by the runtime's Verifier, reading a key file as a pod's volume has it."""
@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from pagoda.operator.reconcile.kube import KubeError
-from pagoda.operator.reconcile.management import (
+from pagoda import contract
+from pagoda.contract import management
+from pagoda.operator.kube.client import KubeError
+from pagoda.operator.kube.management import (
     KEY_FIELD,
     NEXT_KEY_FIELD,
     PUBLISHED_ANNOTATION,
     ROTATE_ANNOTATION,
     KeyRing,
 )
-from pagoda.runtime import contract, management
 
 SECRET = ("pagoda-system", "pagoda-management-key")
 HOST, UID, PATH = "10.244.0.7:8000", "uid-a", contract.ADAPTERS_PATH

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from pagoda.operator.handlers import build_registry
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.client import KubeError
+from pagoda.operator.kube.workqueue import WorkQueue
 from pagoda.operator.main import refresh_nodes
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.kube import KubeError
-from pagoda.operator.reconcile.nodes import (
+from pagoda.operator.status.nodes import (
     NOT_READY_TAINT,
     UNREACHABLE_TAINT,
     health,
@@ -21,8 +22,7 @@ from pagoda.operator.reconcile.nodes import (
     slim_node,
     toleration_seconds,
 )
-from pagoda.operator.reconcile.status import Observed, compute_status
-from pagoda.operator.reconcile.workqueue import WorkQueue
+from pagoda.operator.status.report import Observed, compute_status
 from tests.unit.test_status_conditions import SELECTOR, deployment, owner, pending_pod
 
 STOPPED = "2026-12-05T10:00:00Z"

@@ -1,10 +1,10 @@
-"""The memory and back-off that the capacity reader and the adapter sync share (reconcile/podmemo.py)."""
+"""The memory and back-off that the capacity reader and the adapter sync share (kube/podmemo.py)."""
 
 from __future__ import annotations
 
 import threading
 
-from pagoda.operator.reconcile.podmemo import PodMemo, backoff, pod_ready
+from pagoda.operator.kube.podmemo import PodMemo, backoff, pod_ready
 
 
 def test_backoff_doubles_up_to_the_cap() -> None:

@@ -6,12 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pagoda.operator.reconcile.pods import (
-    container_issue,
-    next_startup_deadline,
-    pods_issue,
-    termination_reason,
-)
+from pagoda.operator.status.pods import container_issue, next_startup_deadline, pods_issue, termination_reason
 
 NOT_FOUND = (
     "ModelNotFound: model file:///models/nope: /models/nope does not exist or is not a directory "
@@ -215,7 +210,7 @@ def test_restarted_by_the_startup_probe() -> None:
 
 
 def test_a_startup_timeout_names_the_phase_the_runtime_was_in() -> None:
-    """The runtime stopped while loading says where its time went (runtime/termination.py)."""
+    """The runtime stopped while loading says where its time went (runtime/serving/termination.py)."""
     said = (
         "StoppedWhileLoading: stopped 1799s after the process started, in start-up phase modelFetch for "
         "1780s (done before it: imports 19.0s)"

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api import rules as r
-from pagoda.operator.reconcile.kube import KubeError, resource_path
+from pagoda.operator.kube.client import KubeError, resource_path
 from pagoda.operator.reconcile.problems import INVALID_SPEC_PREFIX, apply_problem, invalid_spec, secret_names
 
 

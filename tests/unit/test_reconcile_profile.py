@@ -1,17 +1,13 @@
-"""status.profile (reconcile/profile.py): Running until the Job ends, then the result from the runtime's
-termination message (read once), or Failed with the reason."""
+"""status.profile (status/profile.py, read by reconcile/profile.py): Running until the Job ends, then the
+result from the runtime's termination message (read once), or Failed with the reason."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from pagoda.operator.reconcile.profile import (
-    JOB_NAME_LABEL,
-    measured_concurrency,
-    profile_status,
-    tuned_engine,
-)
+from pagoda.operator.reconcile.profile import JOB_NAME_LABEL, profile_status
+from pagoda.operator.status.profile import measured_concurrency, tuned_engine
 
 Obj = dict[str, Any]
 JOB = "llm-profile-0123456789"

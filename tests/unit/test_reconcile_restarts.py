@@ -15,8 +15,8 @@ from pagoda.operator.api import InferenceServiceSpec, RestartSchedule, error_mes
 from pagoda.operator.api import rules as r
 from pagoda.operator.api.restarts import parse_duration
 from pagoda.operator.api.status import RestartStatus
+from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.reconcile import core
-from pagoda.operator.reconcile.cache import ObjectCache
 from pagoda.operator.reconcile.restarts import (
     KUBECTL_RESTARTED_AT,
     POSTPONED_RETRY_S,
@@ -25,9 +25,9 @@ from pagoda.operator.reconcile.restarts import (
     next_restart,
     plan,
 )
-from pagoda.operator.reconcile.times import rfc3339
 from pagoda.operator.resources import RestartStamps, desired_children
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
+from pagoda.operator.status.times import rfc3339
 
 Obj = dict[str, Any]
 SPEC: Obj = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagoda.operator.reconcile.scaling import autoscaling_status, scale_event, trigger_values
+from pagoda.operator.status.scaling import autoscaling_status, scale_event, trigger_values
 
 SCALED_OBJECT = {
     "spec": {

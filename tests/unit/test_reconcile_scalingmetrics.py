@@ -16,7 +16,10 @@ from fakekube import StampingWrites, owner_object
 from pagoda.operator.api import InferenceServiceStatus
 from pagoda.operator.api.status import METRICS_UNAVAILABLE
 from pagoda.operator.reconcile import core
-from pagoda.operator.reconcile.scalingmetrics import (
+from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
+from pagoda.operator.resources.scaledobject import FALLBACK_FAILURES
+from pagoda.operator.status.report import Observed, compute_status
+from pagoda.operator.status.scalingmetrics import (
     ADAPTER_REASON,
     FALLBACK_REASON,
     READ_REASON,
@@ -24,11 +27,8 @@ from pagoda.operator.reconcile.scalingmetrics import (
     metrics_condition,
     metrics_event,
 )
-from pagoda.operator.reconcile.sizing import keda_fallback
-from pagoda.operator.reconcile.status import Observed, compute_status
-from pagoda.operator.reconcile.times import parse_time
-from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
-from pagoda.operator.resources.scaledobject import FALLBACK_FAILURES
+from pagoda.operator.status.sizing import keda_fallback
+from pagoda.operator.status.times import parse_time
 from tests.unit.test_reconcile_scaling import hpa
 from tests.unit.test_status_contract import URL, deployment
 

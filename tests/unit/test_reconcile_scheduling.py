@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pagoda.operator.reconcile.scheduling import scheduling_issue, unschedulable_issue, verdict_summary
+from pagoda.operator.status.scheduling import scheduling_issue, unschedulable_issue, verdict_summary
 
 TAIL = (
     ". no new claims to deallocate, preemption: 0/3 nodes are available: 3 Preemption is not helpful for "

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from pagoda.operator.api import InferenceServiceStatus
-from pagoda.operator.reconcile.scaling import autoscaling_status
-from pagoda.operator.reconcile.sizing import cost_per_million_tokens, in_flight_total, sizing_status
-from pagoda.operator.reconcile.status import Observed, compute_status, status_changed
+from pagoda.operator.status.report import Observed, compute_status, status_changed
+from pagoda.operator.status.scaling import autoscaling_status
+from pagoda.operator.status.sizing import cost_per_million_tokens, in_flight_total, sizing_status
 from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa
 from tests.unit.test_status_contract import NOW, OWNER, URL, deployment
 

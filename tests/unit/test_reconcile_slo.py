@@ -1,4 +1,4 @@
-"""A profile that met spec.slo at no step (reconcile/slo.py, reconcile/profile.py): metric SLO keeps the
+"""A profile that met spec.slo at no step (status/slo.py, reconcile/profile.py): metric SLO keeps the
 target of the last profile that met the SLO, or 1, never targetInFlight's 32; the condition SLOUnmet names
 the step that came closest and flips with one Event; status.sizing's replicasNeeded uses the HPA's own
 per-replica target, and no load figure comes from a reading taken during KEDA's fallback."""
@@ -16,17 +16,12 @@ from fakekube import StampingWrites, owner_object
 from pagoda.operator.api import InferenceServiceSpec, InferenceServiceStatus
 from pagoda.operator.api.scaling import DEFAULT_TARGET_IN_FLIGHT
 from pagoda.operator.reconcile import core
-from pagoda.operator.reconcile.profile import JOB_NAME_LABEL, profile_status, slo_concurrency
-from pagoda.operator.reconcile.sizing import sizing_status
-from pagoda.operator.reconcile.slo import (
-    MAX_ERROR_RATIO,
-    closest_step,
-    slo_condition,
-    slo_event,
-    target_at_slo,
-)
-from pagoda.operator.reconcile.status import Observed, compute_status, status_patch
+from pagoda.operator.reconcile.profile import JOB_NAME_LABEL, profile_status
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
+from pagoda.operator.status.profile import slo_concurrency
+from pagoda.operator.status.report import Observed, compute_status, status_patch
+from pagoda.operator.status.sizing import sizing_status
+from pagoda.operator.status.slo import MAX_ERROR_RATIO, closest_step, slo_condition, slo_event, target_at_slo
 from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa
 from tests.unit.test_status_contract import URL, deployment
 
@@ -57,7 +52,7 @@ def step(concurrency: int, ttft: float, itl: float, errors: int = 0, requests: i
 
 
 def result(concurrency: int | None, steps: list[Obj]) -> str:
-    """The runtime's termination message (runtime/profile.py summarize)."""
+    """The runtime's termination message (runtime/profiling/profile.py summarize)."""
     return json.dumps(
         {
             "slo": {"ttftMs": 500.0, "interTokenMs": 50.0},

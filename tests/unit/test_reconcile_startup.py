@@ -1,4 +1,4 @@
-"""Tier 1: status.startup (operator/reconcile/startup.py): a replica's start from its Pod and its runtime's
+"""Tier 1: status.startup (operator/status/startup.py): a replica's start from its Pod and its runtime's
 report, the recent starts and their medians, and what the status model accepts."""
 
 from __future__ import annotations
@@ -6,16 +6,16 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.operator.api import InferenceServiceStatus
-from pagoda.operator.reconcile.cache import ObjectCache
-from pagoda.operator.reconcile.capacity import CapacityReader
-from pagoda.operator.reconcile.startup import (
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.capacity import CapacityReader
+from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.status.startup import (
     RECENT_STARTS,
     model_cache_status,
     record,
     startup_status,
     typical_seconds,
 )
-from pagoda.operator.resources.meta import OWNER_LABEL
 
 RUNTIME_PHASES = {
     "imports": 14.21,
@@ -126,7 +126,7 @@ def test_the_capacity_answer_carries_the_start_and_the_status_model_takes_it() -
 
 
 def test_a_pod_as_the_operators_cache_keeps_it_still_makes_a_record() -> None:
-    """The cache slims pods (operator/reconcile/cache.py); what a record needs must survive that."""
+    """The cache slims pods (operator/kube/cache.py); what a record needs must survive that."""
     full = pod()
     full["metadata"]["namespace"] = "ns"
     full["metadata"]["labels"] = {OWNER_LABEL: "m"}

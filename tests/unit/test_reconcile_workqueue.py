@@ -9,9 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from pagoda.operator.reconcile.core import Outcome
-from pagoda.operator.reconcile.kube import KubeError
-from pagoda.operator.reconcile.workqueue import WorkQueue, work
+from pagoda.operator.kube.client import KubeError
+from pagoda.operator.kube.workqueue import Outcome, WorkQueue, work
 
 
 def idle(queue: WorkQueue) -> bool:

@@ -15,8 +15,8 @@ import pytest
 from fakekube import StampingWrites, owner_object
 
 from pagoda.operator.handlers import NoDiffBase, configure
+from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.reconcile import core, events
-from pagoda.operator.reconcile.cache import ObjectCache
 
 Obj = dict[str, Any]
 SPEC = {"model": {"uri": "hf://pagoda-test/tiny-llama"}, "resources": {"gpu": {"count": 1}}, "replicas": 1}

@@ -1,11 +1,11 @@
-"""e2e/registry.py's failures say what to do: a push of an image another checkout's `make images` replaced in
-the shared buildah storage names the fix, other failures keep their own output."""
+"""e2e/lab/registry.py's failures say what to do: a push of an image another checkout's `make images` replaced
+in the shared buildah storage names the fix, other failures keep their own output."""
 
 from __future__ import annotations
 
 import pytest
 
-from e2e.registry import RegistryError, _run
+from e2e.lab.registry import RegistryError, _run
 
 HINT = ("image not known", "Run `make images` here.")
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
+from pagoda.contract import MAX_REQUEST_BODY_BYTES
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources.args import COMMAND, runtime_args
 from pagoda.operator.resources.chattemplate import CHAT_TEMPLATE_PATH
-from pagoda.runtime.config import ServeConfig, add_serve_flags, config_from_args
-from pagoda.runtime.contract import MAX_REQUEST_BODY_BYTES
-from pagoda.runtime.sources import parse_model_uri
+from pagoda.runtime.models.sources import parse_model_uri
+from pagoda.runtime.serving.config import ServeConfig, add_serve_flags, config_from_args
 
 
 def parse_like_the_runtime(args: list[str]) -> ServeConfig:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagoda.contract import HTTP_PORT
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources import desired_children, selector
 from pagoda.operator.resources.networkpolicy import NAMESPACE_NAME_LABEL
 from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT, METRICS_PORT, picker_selector
-from pagoda.runtime.contract import HTTP_PORT
 
 BASE: dict[str, Any] = {
     "model": {"uri": "file:///models/tiny", "servedName": "tiny"},

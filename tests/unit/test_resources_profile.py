@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
+from pagoda.contract import TUNE_MAX_RUNS
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources import desired_children, selector
 from pagoda.operator.resources.deployment import deployment
 from pagoda.operator.resources.meta import OWNER_LABEL
 from pagoda.operator.resources.profile import MAX_NAME, profile_args, profile_job, with_engine_choice
-from pagoda.runtime.contract import TUNE_MAX_RUNS
 
 SLO = {"ttftMs": 500, "interTokenMs": 50.5, "request": {"promptTokens": 64, "outputTokens": 16}}
 

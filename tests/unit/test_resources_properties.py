@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from fakekube import deployment_of
 
+from pagoda.contract import IMAGE_MODEL_DIR
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.resources import CHILD_KINDS, desired_children, labels, selector, selector_string
 from pagoda.operator.resources.pod import termination_grace_seconds
-from pagoda.runtime.contract import IMAGE_MODEL_DIR
-from pagoda.runtime.sources import parse_model_uri
+from pagoda.runtime.models.sources import parse_model_uri
 
 OWNER_LABELS = {
     "app.kubernetes.io/name": "pagoda-runtime",

@@ -9,15 +9,15 @@ from typing import Any
 import pytest
 import yaml
 
+from pagoda.contract import HTTP_PORT
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.routing import (
     DEFAULT_QUEUE_TIMEOUT_SECONDS,
     RESPONSE_ALLOWANCE_SECONDS,
     waiting_room_seconds,
 )
-from pagoda.operator.reconcile.kube import KubeError
+from pagoda.operator.kube.client import KubeError
 from pagoda.operator.reconcile.problems import apply_problem
-from pagoda.operator.reconcile.status import ready_condition, scale_from_zero_wait
 from pagoda.operator.resources import desired_children, labels, selector
 from pagoda.operator.resources.routing import (
     CONFIG_DIR,
@@ -27,7 +27,7 @@ from pagoda.operator.resources.routing import (
     QUEUE_METRIC,
     leader_lease_name,
 )
-from pagoda.runtime.contract import HTTP_PORT
+from pagoda.operator.status.report import ready_condition, scale_from_zero_wait
 
 BASE: dict[str, Any] = {
     "model": {"uri": "file:///models/tiny", "servedName": "tiny"},

@@ -18,18 +18,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from e2e._pki import TlsDir, write_tls_dir
+from e2e.lab._pki import TlsDir, write_tls_dir
+from pagoda import contract
+from pagoda.contract.management import Signer, new_private_key
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api import rules as r
-from pagoda.operator.reconcile.adapters import AdapterSync, PodTrust
-from pagoda.operator.reconcile.cache import _slim_pod as slim_pod
-from pagoda.operator.reconcile.capacity import CapacityReader
-from pagoda.operator.reconcile.kube import KubeError
+from pagoda.operator.kube.adapters import AdapterSync, PodTrust
+from pagoda.operator.kube.cache import _slim_pod as slim_pod
+from pagoda.operator.kube.capacity import CapacityReader
+from pagoda.operator.kube.client import KubeError
 from pagoda.operator.resources import desired_children
 from pagoda.operator.resources.meta import service_url
 from pagoda.operator.resources.tls import pod_scheme, pod_tls, pod_url
-from pagoda.runtime import contract
-from pagoda.runtime.management import Signer, new_private_key
 
 TLS = {"secretName": "llama-tls"}
 SQL = "hf://example-org/sql-lora"

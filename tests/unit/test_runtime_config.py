@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from pagoda.runtime.cli import _parser
-from pagoda.runtime.config import ConfigError, ServeConfig, config_from_args
-from pagoda.runtime.engine import cpu_kv_cache_default_gib, vllm_argv
+from pagoda.runtime.serving.config import ConfigError, ServeConfig, config_from_args
+from pagoda.runtime.serving.engine import cpu_kv_cache_default_gib, vllm_argv
 
 RUNTIME = str(Path(sys.executable).parent / "pagoda-runtime")
 

@@ -1,4 +1,4 @@
-"""The runtime's gate in front of vLLM's app (runtime/server.py): a connection older than
+"""The runtime's gate in front of vLLM's app (runtime/serving/server.py): a connection older than
 --max-connection-age is closed after its next response; while draining, requests are served with
 `Connection: close` until the drain's deadline, then refused with 503; a body over
 --max-request-body-bytes gets 413. The inner app here is a plain ASGI app, or a FastAPI app reading the body
@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
-from pagoda.runtime.server import PagodaApp, RuntimeState
+from pagoda.runtime.serving.server import PagodaApp, RuntimeState
 
 
 async def _ok(scope: Any, receive: Any, send: Any) -> None:

@@ -15,11 +15,11 @@ import pytest
 from metric_contract import LORA_METRICS
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagoda.runtime.adapters import AdapterManager, management_app
 from pagoda.runtime.cli import _parser
-from pagoda.runtime.config import ConfigError, ServeConfig, config_from_args
-from pagoda.runtime.engine import vllm_argv
-from pagoda.runtime.lora import (
+from pagoda.runtime.serving.adapters import AdapterManager, management_app
+from pagoda.runtime.serving.config import ConfigError, ServeConfig, config_from_args
+from pagoda.runtime.serving.engine import vllm_argv
+from pagoda.runtime.serving.lora import (
     AdapterError,
     AdapterRemoved,
     AdapterTracker,
@@ -30,8 +30,8 @@ from pagoda.runtime.lora import (
     shape_mismatch,
     vllm_error,
 )
-from pagoda.runtime.metrics import ServerStatus, render
-from pagoda.runtime.tinyadapter import TARGET_MODULES, TinyAdapterSpec, make_tiny_adapter, module_shapes
+from pagoda.runtime.serving.metrics import ServerStatus, render
+from pagoda.runtime.tools.tinyadapter import TARGET_MODULES, TinyAdapterSpec, make_tiny_adapter, module_shapes
 
 RUNTIME = str(Path(sys.executable).parent / "pagoda-runtime")
 LLAMA = {

@@ -1,6 +1,6 @@
-"""Only the operator may call a runtime's management API (runtime/management.py): Ed25519 signatures over the
-call, each for one pod (its UID and its address), checked by the runtime's gate (runtime/server.py) in front
-of the real adapters app (a runtime without LoRA here: the gate is what is tested; tier 3 loads adapters
+"""Only the operator may call a runtime's management API (contract/management.py): Ed25519 signatures over the
+call, each for one pod (its UID and its address), checked by the runtime's gate (runtime/serving/server.py) in
+front of the real adapters app (a runtime without LoRA here: the gate is what is tested; tier 3 loads adapters
 through it)."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
-from pagoda.runtime import contract, management
-from pagoda.runtime.adapters import AdapterManager, management_app
+from pagoda import contract
+from pagoda.contract import management
 from pagoda.runtime.cli import _parser
-from pagoda.runtime.config import ConfigError, ServeConfig, config_from_args
-from pagoda.runtime.server import PagodaApp, RuntimeState
+from pagoda.runtime.serving.adapters import AdapterManager, management_app
+from pagoda.runtime.serving.config import ConfigError, ServeConfig, config_from_args
+from pagoda.runtime.serving.server import PagodaApp, RuntimeState
 
 POD = "http://10.244.0.7:8000"
 HOST = "10.244.0.7:8000"
@@ -126,7 +127,7 @@ def test_the_key_file_is_read_at_each_call_so_a_new_key_takes_over(key_file: Pat
 
 
 def test_during_a_rotation_either_published_key_verifies_and_a_dropped_one_does_not(key_file: Path) -> None:
-    """The operator's key rotation (reconcile/management.py): the file holds the old and the new public key,
+    """The operator's key rotation (kube/management.py): the file holds the old and the new public key,
     one PEM block after the other; then only the new one."""
     verifier = management.Verifier(key_file, ME)
     old, new = (management.Signer(management.new_private_key()) for _ in range(2))

@@ -14,11 +14,11 @@ from metric_contract import RUNTIME_METRICS
 from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagoda.runtime import capacity
-from pagoda.runtime.capacity import KvCacheCapacity
-from pagoda.runtime.metrics import ServerStatus, engine_gauges, render
-from pagoda.runtime.server import PagodaApp, RuntimeState
-from pagoda.runtime.startup import StartupClock
+from pagoda.runtime.serving import capacity
+from pagoda.runtime.serving.capacity import KvCacheCapacity
+from pagoda.runtime.serving.metrics import ServerStatus, engine_gauges, render
+from pagoda.runtime.serving.server import PagodaApp, RuntimeState
+from pagoda.runtime.serving.startup import StartupClock
 
 
 def engine_registry(kv_name: str, model: str = "tiny") -> CollectorRegistry:

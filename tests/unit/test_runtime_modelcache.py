@@ -1,5 +1,5 @@
-"""The shared model cache (runtime/modelcache.py): one download per cache folder however many runtimes start
-at once, eviction of the least recently used models nobody serves, and the report the operator reads.
+"""The shared model cache (runtime/models/modelcache.py): one download per cache folder however many runtimes
+start at once, eviction of the least recently used models nobody serves, and the report the operator reads.
 
 Runtimes are separate processes here, as they are separate containers on a node: the locks are the kernel's
 flock(2) locks, which is what makes them hold between pods."""
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from pagoda.runtime.modelcache import ModelCache, model_folder, stored_bytes
-from pagoda.runtime.sources import parse_model_uri
+from pagoda.runtime.models.modelcache import ModelCache, model_folder, stored_bytes
+from pagoda.runtime.models.sources import parse_model_uri
 
 URI = "s3://models/llama/tiny"
 

@@ -1,4 +1,4 @@
-"""Tier 1: serve copies vLLM's seeded model-registry answers (runtime/modelinfo.py) into its own cache;
+"""Tier 1: serve copies vLLM's seeded model-registry answers (runtime/models/modelinfo.py) into its own cache;
 the runtime images make the seed at build time and name it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pagoda.runtime import modelinfo
+from pagoda.runtime.models import modelinfo
 from tests.repo import REPO
 
 
@@ -40,7 +40,7 @@ def test_no_seed_is_nothing_to_do_and_a_missing_one_is_logged(
     monkeypatch.delenv(modelinfo.SEED_ENV, raising=False)
     assert modelinfo.install() == 0
     monkeypatch.setenv(modelinfo.SEED_ENV, str(tmp_path / "nowhere"))
-    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.modelinfo"):
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.models.modelinfo"):
         assert modelinfo.install() == 0
     assert f"No model-info seed PAGODA_VLLM_SEED_DIR={tmp_path / 'nowhere'}" in caplog.text
     assert not (tmp_path / "cache").exists()
@@ -54,7 +54,7 @@ def test_a_cache_that_cannot_be_written_is_logged_not_fatal(
     (tmp_path / "not-a-folder").write_text("")
     monkeypatch.setenv(modelinfo.SEED_ENV, str(tmp_path / "seed"))
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "not-a-folder" / "vllm"))
-    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.modelinfo"):
+    with caplog.at_level(logging.WARNING, logger="pagoda.runtime.models.modelinfo"):
         assert modelinfo.install() == 0
     assert "Could not seed vLLM's model-info cache" in caplog.text
 
@@ -62,5 +62,5 @@ def test_a_cache_that_cannot_be_written_is_logged_not_fatal(
 @pytest.mark.parametrize("dockerfile", ["runtime/Dockerfile", "runtime/Dockerfile.cpu"])
 def test_the_runtime_images_seed_at_build_time_and_name_the_seed(dockerfile: str) -> None:
     text = (REPO / dockerfile).read_text()
-    assert "python3 runtime/modelinfo.py /opt/pagoda/vllm-seed" in text
+    assert "python3 runtime/models/modelinfo.py /opt/pagoda/vllm-seed" in text
     assert f"{modelinfo.SEED_ENV}=/opt/pagoda/vllm-seed" in text

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pagoda.runtime.tinymodel import TinyModelSpec, make_tiny_model
+from pagoda.runtime.tools.tinymodel import TinyModelSpec, make_tiny_model
 from tests.repo import REPO
 
 

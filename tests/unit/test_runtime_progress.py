@@ -1,6 +1,6 @@
-"""The engine's progress watch (runtime/progress.py): the engine's steps as progress, the requests it holds as
-work, the lifecycle's watchdog over both (requests inside the gate that the engine does not hold yet are no
-work), and what a stall looks like from outside."""
+"""The engine's progress watch (runtime/serving/progress.py): the engine's steps as progress, the requests it
+holds as work, the lifecycle's watchdog over both (requests inside the gate that the engine does not hold yet
+are no work), and what a stall looks like from outside."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from pagoda.runtime import lifecycle, termination
-from pagoda.runtime.config import ServeConfig
-from pagoda.runtime.progress import EngineSteps, ProgressWatch, default_stall_timeout
-from pagoda.runtime.server import PagodaApp, RuntimeState
+from pagoda.runtime.serving import lifecycle, termination
+from pagoda.runtime.serving.config import ServeConfig
+from pagoda.runtime.serving.progress import EngineSteps, ProgressWatch, default_stall_timeout
+from pagoda.runtime.serving.server import PagodaApp, RuntimeState
 
 
 def test_busy_without_a_step_counts_up_and_stalls_at_the_timeout() -> None:

@@ -1,7 +1,7 @@
-"""The gate (runtime/server.py, runtime/routes.py) forwards to vLLM's app only the OpenAI API Pagoda
-documents, and with an API key only requests that carry it: every other route of vLLM's app (SageMaker's
-/invocations, /tokenize, /pooling, /scale_elastic_ep, the development routes, ...) answers 404 and never
-reaches vLLM.
+"""The gate (runtime/serving/server.py, runtime/serving/routes.py) forwards to vLLM's app only the OpenAI API
+Pagoda documents, and with an API key only requests that carry it: every other route of vLLM's app
+(SageMaker's /invocations, /tokenize, /pooling, /scale_elastic_ep, the development routes, ...) answers 404
+and never reaches vLLM.
 
 The inner app here is a fake standing in for vLLM's (it records what reaches it); the routes it is called with
 are the real ones of the installed vLLM: its app built without an engine, every task and switch on, in a
@@ -25,8 +25,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, WebSocket
 
-from pagoda.runtime import contract, routes
-from pagoda.runtime.server import PagodaApp, RuntimeState
+from pagoda import contract
+from pagoda.runtime.serving import routes
+from pagoda.runtime.serving.server import PagodaApp, RuntimeState
 
 KEY = "s3cret-key"
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
@@ -41,7 +42,7 @@ from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.tasks import SupportedTask
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-from pagoda.runtime.routes import app_routes
+from pagoda.runtime.serving.routes import app_routes
 args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "unused"])
 args.enable_fault_tolerance = True
 pooling = types.SimpleNamespace(

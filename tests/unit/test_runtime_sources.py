@@ -15,9 +15,9 @@ from urllib.parse import urlsplit
 import pytest
 from minio.datatypes import Object
 
-from pagoda.runtime import sources
-from pagoda.runtime.modelcache import ModelCache
-from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
+from pagoda.runtime.models import sources
+from pagoda.runtime.models.modelcache import ModelCache
+from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri, resolve
 
 
 def write_model(path: Path) -> Path:

@@ -1,5 +1,5 @@
-"""Tier 1: the runtime's start-up phases (runtime/startup.py): timed in order, vLLM's own timings of its
-engine's parts taken from its log records, reported on /metrics and in a termination message."""
+"""Tier 1: the runtime's start-up phases (runtime/serving/startup.py): timed in order, vLLM's own timings of
+its engine's parts taken from its log records, reported on /metrics and in a termination message."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ import pytest
 from metric_contract import STARTUP_METRICS
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagoda.runtime import termination
-from pagoda.runtime.metrics import ServerStatus, render
-from pagoda.runtime.startup import (
+from pagoda.runtime.serving import termination
+from pagoda.runtime.serving.metrics import ServerStatus, render
+from pagoda.runtime.serving.startup import (
     PHASES,
     TIMINGS_ENV,
     VLLM_TIMINGS,
@@ -63,7 +63,7 @@ def test_the_start_is_the_processs_creation_not_the_moment_it_asks() -> None:
     """A child asks one second after it started: the answer is when it was spawned (within the boot time's
     fraction of a second, which Linux truncates), not the time of asking."""
     code = (
-        "import time; time.sleep(1); from pagoda.runtime.startup import process_started; "
+        "import time; time.sleep(1); from pagoda.runtime.serving.startup import process_started; "
         "print(process_started(), time.time())"
     )
     spawned = time.time()

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pagoda.runtime import enginefailure, termination
-from pagoda.runtime.enginefailure import EngineFailure
-from pagoda.runtime.sources import ModelSourceError, parse_model_uri, resolve
+from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri, resolve
+from pagoda.runtime.serving import enginefailure, termination
+from pagoda.runtime.serving.enginefailure import EngineFailure
 
 GiB = 1024**3
 CORE_FAILED = RuntimeError("Engine core initialization failed. See root cause above. Failed core proc(s): {}")

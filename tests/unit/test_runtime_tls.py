@@ -1,6 +1,7 @@
-"""Tier 1: the runtime's TLS (runtime/tls.py): the flags, the refusals naming the flag, the termination
-message, and a certificate renewed in place reaching new connections, over real TLS handshakes on loopback
-(under uvloop, as the runtime serves), with files swapped the way the kubelet swaps a Secret volume's."""
+"""Tier 1: the runtime's TLS (runtime/serving/tls.py): the flags, the refusals naming the flag, the
+termination message, and a certificate renewed in place reaching new connections, over real TLS handshakes on
+loopback (under uvloop, as the runtime serves), with files swapped the way the kubelet swaps a Secret
+volume's."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import pytest
 import uvloop
 from cryptography import x509
 
-from e2e._pki import SecretVolume, TlsDir, write_tls_dir
-from pagoda.runtime import tls, vllmflags
+from e2e.lab._pki import SecretVolume, TlsDir, write_tls_dir
+from pagoda.contract import vllmflags
 from pagoda.runtime.cli import _parser
-from pagoda.runtime.config import ConfigError, ServeConfig, config_from_args
+from pagoda.runtime.serving import tls
+from pagoda.runtime.serving.config import ConfigError, ServeConfig, config_from_args
 
 RUNTIME = str(Path(sys.executable).parent / "pagoda-runtime")
 
@@ -128,7 +130,7 @@ def test_vllms_own_tls_flags_stay_refused_pointing_at_the_runtimes() -> None:
 
 
 def test_the_profile_refuses_the_tls_flags(tmp_path: Path) -> None:
-    from pagoda.runtime.profile import profile_config
+    from pagoda.runtime.profiling.profile import profile_config
 
     ns = _parser().parse_args(
         ["profile", "--model", "file:///m", "--tls-cert-file", "/c", "--tls-key-file", "/k",

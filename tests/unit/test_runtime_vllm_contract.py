@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from pagoda.contract import vllmflags
 from pagoda.operator.api.rules import OWNED_FLAG_PATTERN
-from pagoda.runtime import vllmflags
-from pagoda.runtime.config import ServeConfig
+from pagoda.runtime.serving.config import ServeConfig
 from tests.repo import REPO
 
 RUNTIME = REPO / "runtime"
@@ -60,10 +60,11 @@ def test_the_operator_and_the_runtime_agree_on_owned_flags(arg: str) -> None:
 def vllm_imports() -> list[tuple[str, str, str]]:
     """(runtime file, vllm module, name) of every `from vllm... import name` in the runtime's code."""
     found = []
-    for path in sorted(RUNTIME.glob("*.py")):
+    for path in sorted(RUNTIME.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "vllm":
-                found += [(path.name, str(node.module), alias.name) for alias in node.names]
+                where = str(path.relative_to(RUNTIME))
+                found += [(where, str(node.module), alias.name) for alias in node.names]
     return found
 
 
@@ -89,7 +90,7 @@ def accepts(function: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def test_the_vllm_calls_the_runtime_makes_fit_their_signatures(vllm: Any) -> None:
-    """runtime/engine.py: the arguments it passes, by position and keyword."""
+    """runtime/serving/engine.py: the arguments it passes, by position and keyword."""
     from vllm.config import VllmConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
@@ -134,7 +135,7 @@ def test_the_vllm_calls_the_runtime_makes_fit_their_signatures(vllm: Any) -> Non
 
 
 def parse(*extra: str) -> Any:
-    from pagoda.runtime.engine import parse_vllm_args
+    from pagoda.runtime.serving.engine import parse_vllm_args
 
     return parse_vllm_args(ServeConfig(model="file:///models/m", extra_args=extra), "/models/m")
 
@@ -150,7 +151,7 @@ def test_vllm_parses_the_runtime_command_line(vllm: Any) -> None:
 def test_vllm_takes_the_chat_template_file_the_operator_mounts(vllm: Any, tmp_path: Path) -> None:
     """--chat-template reaches vLLM's parser and its start-up check as the file (vLLM reads it when the app
     state is built, renderers/chat_utils.py load_chat_template)."""
-    from pagoda.runtime.engine import parse_vllm_args
+    from pagoda.runtime.serving.engine import parse_vllm_args
 
     path = tmp_path / "chat-template.jinja"
     path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
@@ -200,15 +201,16 @@ def test_every_option_of_vllms_server_is_honoured_owned_or_refused(vllm: Any) ->
 
 
 def test_the_step_logger_counts_each_step_vllm_reports(vllm: Any) -> None:
-    """progress.py's progress: runtime/engine.py's stat logger, behind vLLM's per-engine adapter as AsyncLLM
-    wraps it, counts one step per scheduler statistics report, also one without IterationStats (a step that
-    computed part of a prefill and produced no output). The config fields the default timeout reads exist."""
+    """progress.py's progress: runtime/serving/engine.py's stat logger, behind vLLM's per-engine adapter as
+    AsyncLLM wraps it, counts one step per scheduler statistics report, also one without IterationStats (a
+    step that computed part of a prefill and produced no output). The config fields the default timeout reads
+    exist."""
     from vllm.config import ModelConfig, SchedulerConfig
     from vllm.v1.metrics.loggers import PerEngineStatLoggerAdapter, StatLoggerBase
     from vllm.v1.metrics.stats import SchedulerStats
 
-    from pagoda.runtime.engine import step_logger
-    from pagoda.runtime.progress import EngineSteps
+    from pagoda.runtime.serving.engine import step_logger
+    from pagoda.runtime.serving.progress import EngineSteps
 
     steps = EngineSteps()
     factory = step_logger(steps)

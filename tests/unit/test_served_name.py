@@ -1,5 +1,5 @@
 """The name a model is served under when spec.model.servedName is unset (issue #40 §6): one rule, in
-runtime/contract.py, that the runtime serves, the operator's models check adapters against, and the CRD's CEL
+contract/__init__.py, that the runtime serves, the operator's models check adapters against, and the CRD's CEL
 rule spells again for the API server. Each spelling is held to the others here, on every scheme (the CEL one
 in celpy, with the Kubernetes strings functions of conftest.py); tier 2 (tests/integration/test_admission.py
 and test_admission_properties.py) holds the real API server's evaluation to pydantic."""
@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from pagoda import contract
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api import rules as r
-from pagoda.runtime import contract
-from pagoda.runtime.config import ServeConfig
-from pagoda.runtime.sources import ModelSource, ModelSourceError, parse_model_uri
+from pagoda.runtime.models.sources import ModelSource, ModelSourceError, parse_model_uri
+from pagoda.runtime.serving.config import ServeConfig
 from tests.unit.conftest import cel_evaluate
 
 SERVED_NAME_CEL = contract.default_served_name_cel("uri")

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from pagoda.operator.api import CONDITION_TYPES, InferenceServiceStatus, RestartSchedule
-from pagoda.operator.reconcile.capacity import CapacityReader
+from pagoda.operator.kube.capacity import CapacityReader
 from pagoda.operator.reconcile.restarts import plan as restart_plan
-from pagoda.operator.reconcile.scaling import autoscaling_status
-from pagoda.operator.reconcile.status import Observed, Problem, compute_status
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
+from pagoda.operator.status.report import Observed, Problem, compute_status
+from pagoda.operator.status.scaling import autoscaling_status
 from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa
 
 NOW = "2026-01-01T00:00:00Z"

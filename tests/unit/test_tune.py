@@ -1,6 +1,7 @@
-"""Tier 1: the engine tuning's choices (runtime/tune.py) on profile results shaped like the runtime's: which
-objective binds, the candidates that follow from it, which settings the replica leaves to tune, and the
-choice with its 5% threshold. The servers themselves are started by tier 3 (tests/runtime/test_rt_tune.py)."""
+"""Tier 1: the engine tuning's choices (runtime/profiling/tune.py) on profile results shaped like the
+runtime's: which objective binds, the candidates that follow from it, which settings the replica leaves to
+tune, and the choice with its 5% threshold. The servers themselves are started by tier 3
+(tests/runtime/test_rt_tune.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from typing import Any
 
 import pytest
 
-from pagoda.runtime import contract, tune
-from pagoda.runtime.config import ServeConfig
-from pagoda.runtime.tune import Batch, Limits, Run
+from pagoda import contract
+from pagoda.runtime.profiling import tune
+from pagoda.runtime.profiling.tune import Batch, Limits, Run
+from pagoda.runtime.serving.config import ServeConfig
 
 CPU_DEFAULTS = Limits(max_num_batched_tokens=2048, max_num_seqs=128)
 BOTH = frozenset({"max_num_batched_tokens", "max_num_seqs"})
@@ -18,7 +20,7 @@ BOTH = frozenset({"max_num_batched_tokens", "max_num_seqs"})
 
 def result(*steps: tuple[int, float, float, float], ttft: float = 500.0, itl: float = 25.0) -> dict[str, Any]:
     """A profile result at SLO `ttft`/`itl` from (concurrency, TTFT p95, ITL p95, requests/s) steps, with the
-    capacity counted as runtime/profile.py counts it."""
+    capacity counted as runtime/profiling/profile.py counts it."""
     rows = [
         {
             "concurrency": c,

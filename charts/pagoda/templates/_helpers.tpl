@@ -56,12 +56,12 @@ app.kubernetes.io/component: operator
 {{- printf "%s#%s" (trimSuffix "/" .root.Values.prometheusRule.runbookBaseUrl) (lower .alert) }}
 {{- end }}
 
-{{/* The Lease the operator's replicas elect their leader on (operator/reconcile/leader.py), in the release's namespace. */}}
+{{/* The Lease the operator's replicas elect their leader on (operator/kube/leader.py), in the release's namespace. */}}
 {{- define "pagoda.leaderLease" -}}
 {{- printf "%s-leader" (include "pagoda.fullname" .) -}}
 {{- end }}
 
-{{/* The Secret holding the operator's management key (operator/reconcile/management.py), in the release's namespace. */}}
+{{/* The Secret holding the operator's management key (operator/kube/management.py), in the release's namespace. */}}
 {{- define "pagoda.managementKeySecret" -}}
 {{- printf "%s-management-key" (include "pagoda.fullname" .) -}}
 {{- end }}

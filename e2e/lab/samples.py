@@ -1,0 +1,22 @@
+"""The InferenceService samples the tests and benchmarks start from."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import yaml
+
+from e2e.lab import _objects
+from e2e.lab.processes import SAMPLE
+
+
+def tiny_sample(namespace: str, name: str = "tiny", *, real_pods: bool = False) -> dict[str, Any]:
+    """examples/tiny-cpu.yaml in `namespace` as `name`. With `real_pods` it is unchanged, so its pods run on
+    the real node (tier 4); otherwise it asks for kwok's simulated nodes (tests of the chart, the dashboards
+    and status that need no running engine)."""
+    obj: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
+    obj["metadata"] = {"name": name, "namespace": namespace}
+    if not real_pods:
+        obj["spec"]["scheduling"] = copy.deepcopy(_objects.KWOK_SCHEDULING)
+    return obj
