@@ -213,4 +213,3 @@ def folder_bytes(path: Path) -> int:
         except OSError:
             continue
     return total
-
