@@ -30,6 +30,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
 from harness import OperatorProcess  # noqa: E402
 
 from e2e.lab import _objects  # noqa: E402
+from e2e.lab.addons import wait_established  # noqa: E402
 from e2e.lab.cluster import GPU_PRODUCT, Cluster, start_private  # noqa: E402
 from pagoda.operator.api import InferenceServiceSpec  # noqa: E402
 from pagoda.operator.kube.client import Kube, KubeError, resource_path  # noqa: E402
@@ -338,7 +339,7 @@ def main() -> int:
         cluster.kubectl(
             "apply", "--server-side", "-f", str(ROOT / "crds" / "pagoda.dev_inferenceservices.yaml")
         )
-        cluster.kubectl("wait", "--for=condition=Established", "crd/inferenceservices.pagoda.dev")
+        wait_established(cluster, ["crd/inferenceservices.pagoda.dev"], timeout=60)
         nodes = ensure_nodes(kube, 2 * args.count)
         print(f"Prepared fake GPU nodes count={nodes}", flush=True)
         load = LoadAverage()

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.lab.addons import wait_established
 from e2e.lab.chartenv import (
     CHART,
     CRD_NAME,
@@ -100,7 +101,7 @@ def installed(cluster: Cluster, release_ns: str) -> str:
     # A resync every 3 s instead of the operator's default, so that the tests need not wait for one.
     result = helm(cluster, "install", RELEASE, str(CHART), "-n", release_ns, f"--set={RESYNC}")
     assert f"kubectl -n {release_ns} rollout status deployment/pagoda" in result.stdout  # NOTES.txt
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+    wait_established(cluster, [f"crd/{CRD_NAME}"], timeout=60)
     return result.stdout
 
 

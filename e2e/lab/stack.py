@@ -25,7 +25,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from e2e.lab import images
-from e2e.lab.addons import Addons, apply_objects, start_addons
+from e2e.lab.addons import Addons, apply_objects, start_addons, wait_established
 from e2e.lab.cluster import Cluster, start_private
 from e2e.lab.processes import (
     REPO_ROOT,
@@ -136,9 +136,7 @@ def run_operator(cluster: Cluster, log: Path) -> OperatorProcess:
     """Installs the InferenceService CRD from crds/ and starts `pagoda-operator` (as in production); on a
     cluster with a real node its pods run the CPU runtime image (`make images`)."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
-    )
+    wait_established(cluster, ["crd/inferenceservices.pagoda.dev"], timeout=60)
     runtime_image = images.runtime_cpu_image() if cluster.node is not None else None
     return OperatorProcess(cluster.kubeconfig, log, runtime_image=runtime_image).start()
 

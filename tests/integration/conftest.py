@@ -13,6 +13,7 @@ from harness import OperatorProcess
 from kubernetes import client
 
 from e2e.fixtures import cluster, cluster_api, namespace, real_node  # noqa: F401
+from e2e.lab.addons import wait_established
 from e2e.lab.cluster import Cluster
 from pagoda.operator.kube.client import Kube
 from tests.repo import REPO
@@ -29,9 +30,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> None:  # noqa: F811
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/inferenceservices.pagoda.dev"
-    )
+    wait_established(cluster, ["crd/inferenceservices.pagoda.dev"], timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from isvc import create, get, patch
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from e2e.lab.addons import wait_established
 from e2e.lab.cluster import Cluster
 from pagoda.operator.api import rules
 from pagoda.operator.kube.client import Kube
@@ -59,7 +60,7 @@ def crd_present(cluster_api: Any) -> bool:
 
 def install_crd(cluster: Cluster) -> None:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd_file(cluster)))
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{POOL_CRD}")
+    wait_established(cluster, [f"crd/{POOL_CRD}"], timeout=60)
 
 
 def test_routing_needs_the_pool_crd_and_goes_away_with_routing_off(
