@@ -193,6 +193,10 @@ bench-operator: venv tools ## Operator benchmark: 500 InferenceServices vs a bar
 bench-runtime: venv ## Runtime benchmark: Pagoda runtime vs plain vLLM server (docs/benchmarks.md).
 	$(PY) benchmarks/runtime_vs_vllm.py
 
+.PHONY: bench-gate
+bench-gate: venv ## The gate's own per-request cost: the runtime's outer app vs a trivial app alone, no engine (docs/benchmarks.md).
+	$(PY) benchmarks/gate_cost.py
+
 .PHONY: bench-engine
 bench-engine: venv ## Engine benchmark: vLLM's CPU worker process vs the model inside the EngineCore (docs/benchmarks.md).
 	$(PY) benchmarks/engine_processes.py

@@ -7,7 +7,10 @@
    on /v1/models. The first start pays for a cold page cache, so the fair start-up pair is the plain
    server vs the third server below (both started beside one idle server).
 2. Alternates paired rounds between the two (A/B, B/A, ..., so load from other work hits both alike):
-   throughput = 32 concurrent streams of 64 tokens; TTFT = sequential streamed requests, first token.
+   throughput = 32 concurrent streams of 64 tokens; TTFT = sequential streamed requests, first token. The
+   TTFT overhead is per round, Pagoda's p50 minus plain vLLM's (same model and load, back to back), and the
+   headline is the median of the rounds' differences with their range: pooled p50s let one slow stretch on
+   one side decide the sign.
 3. Prefix caching: a third server (Pagoda, --no-enable-prefix-caching) vs the first (caching on), both
    sent a shared ~1,000-token system prompt with short distinct questions; TTFT p50 ratio.
 Prints a markdown table and writes the raw numbers to .pagoda-dev/bench-runtime.json (--json).
@@ -30,8 +33,15 @@ from pathlib import Path
 import httpx
 from servers import ALREADY_RUNNING, BIN, ROOT, Given, Server, Smoke, prepare, smoke_options
 
+from pagoda.runtime.serving.engine import DYNAMO_DISABLE_ENV
+
 ENGINE_FLAGS = ["--max-model-len", "4096", "--dtype", "float32"]
 VLLM_ONLY = ["--enforce-eager"]
+# What the runtime sets for its own CPU engine (engine.apply_env_defaults), given to the plain server too, so
+# that the two engines run the same code and the difference is the serving layer: without it, the plain
+# server would compile vLLM's torch.compile'd sampler helpers with inductor where the runtime runs them
+# eagerly.
+PLAIN_ENV = {DYNAMO_DISABLE_ENV: "1"}
 # --smoke-url's sizes (servers.smoke_options): seconds on the tiny model.
 SMOKE = {
     "rounds": 1,
@@ -158,7 +168,10 @@ def main() -> int:
 
     def start(name: str) -> Server | Given:
         """The side's server, ready: started here, or in a smoke run the given one under the side's name."""
-        server = Given(name, opts.smoke_url, opts.smoke_pid) if smoke else Server(name, *argvs[name], work)
+        env = PLAIN_ENV if name == "vllm" else None
+        server = (
+            Given(name, opts.smoke_url, opts.smoke_pid) if smoke else Server(name, *argvs[name], work, env)
+        )
         servers.append(server)
         server.wait_ready()
         return server
@@ -166,14 +179,18 @@ def main() -> int:
     try:
         a = start("pagoda")
         b = start("vllm")
-        results: dict[str, dict[str, list[float]]] = {s.name: {"tps": [], "ttft": []} for s in (a, b)}
+        results: dict[str, dict[str, list[float]]] = {
+            s.name: {"tps": [], "ttft": [], "ttft_p50": []} for s in (a, b)
+        }
         for s in (a, b):  # warm-up
             asyncio.run(throughput(s, 8, 16))
         for i in range(opts.rounds):  # paired rounds, alternating which server goes first
             for s in (a, b) if i % 2 == 0 else (b, a):
                 results[s.name]["tps"].append(asyncio.run(throughput(s, opts.streams, opts.tokens)))
             for s in (a, b) if i % 2 == 0 else (b, a):
-                results[s.name]["ttft"] += asyncio.run(ttfts(s, opts.ttft_requests))
+                measured = asyncio.run(ttfts(s, opts.ttft_requests))
+                results[s.name]["ttft"] += measured
+                results[s.name]["ttft_p50"].append(pct(measured, 0.5))
         b.stop()
         c = start("pagoda-nocache")
         shared = system_prompt(model, opts.prompt_tokens)
@@ -194,7 +211,20 @@ def main() -> int:
         "ttft_p99_ms": {k: round(1000 * pct(v["ttft"], 0.99), 2) for k, v in results.items()},
         "prefix_ttft_p50_ms": {k: round(1000 * pct(v, 0.5), 2) for k, v in prefix.items()},
         "throughput_rounds_tok_s": {k: [round(x, 1) for x in v["tps"]] for k, v in results.items()},
+        "ttft_p50_rounds_ms": {k: [round(1000 * x, 2) for x in v["ttft_p50"]] for k, v in results.items()},
     }
+    # Per paired round, Pagoda's TTFT p50 minus plain vLLM's; the headline is their median, with the range.
+    diffs = [
+        1000 * (x - y)
+        for x, y in zip(results["pagoda"]["ttft_p50"], results["vllm"]["ttft_p50"], strict=True)
+    ]
+    overhead = {
+        "rounds": [round(d, 2) for d in diffs],
+        "median": round(statistics.median(diffs), 2),
+        "min": round(min(diffs), 2),
+        "max": round(max(diffs), 2),
+    }
+    summary["ttft_p50_overhead_ms"] = overhead
     t, p50, p99 = summary["throughput_tok_s"], summary["ttft_p50_ms"], summary["ttft_p99_ms"]
     pre = summary["prefix_ttft_p50_ms"]
     # The median of per-round ratios: each pair ran back to back, so load from elsewhere mostly cancels.
@@ -215,7 +245,11 @@ def main() -> int:
     print(f"| {name} | {t['pagoda']} | {t['vllm']} | {ratio:.3f}x (median of paired rounds) |")
     rounds = summary["throughput_rounds_tok_s"]
     print(f"| throughput per round (tok/s) | {rounds['pagoda']} | {rounds['vllm']} | |")
-    print(f"| TTFT p50 (ms) | {p50['pagoda']} | {p50['vllm']} | {p50['pagoda'] - p50['vllm']:+.2f} ms |")
+    span = f"{overhead['min']:+.2f} to {overhead['max']:+.2f}"
+    print(
+        f"| TTFT p50 (ms, rounds pooled) | {p50['pagoda']} | {p50['vllm']} | {overhead['median']:+.2f} ms "
+        f"(median of {opts.rounds} paired rounds' differences; range {span}) |"
+    )
     print(f"| TTFT p99 (ms) | {p99['pagoda']} | {p99['vllm']} | {p99['pagoda'] - p99['vllm']:+.2f} ms |")
     st = summary["startup_s"]
     if st:
@@ -226,6 +260,13 @@ def main() -> int:
         print(f"| start-up to ready (s), first of the run (cold) | {st['pagoda']} | | |")
     else:
         print("| start-up to ready (s) | not measured | not measured | |")
+    print(f"\nTTFT p50 per paired round ({opts.ttft_requests} sequential requests a side):\n")
+    print("| round | Pagoda (ms) | plain vLLM (ms) | Pagoda - vLLM (ms) |")
+    print("|---|---|---|---|")
+    rounds_ms = summary["ttft_p50_rounds_ms"]
+    for n, (x, y, d) in enumerate(zip(rounds_ms["pagoda"], rounds_ms["vllm"], diffs, strict=True), 1):
+        print(f"| {n} | {x} | {y} | {d:+.2f} |")
+    print(f"| median (range) | | | **{overhead['median']:+.2f}** ({span}) |")
     on, off = pre["pagoda"], pre["pagoda-nocache"]
     what = f"~{opts.prompt_tokens:,}-token shared system prompt"
     print(f"\nPrefix caching, {what}, TTFT p50: on {on} ms, off {off} ms, ", end="")

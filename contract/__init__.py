@@ -3,7 +3,8 @@ runtime inside them must agree on.
 
 Only the standard library, like vllmflags.py: the operator imports it without the engine, the runtime
 without the operator. tests/unit/test_contract.py fails when operator/ or runtime/ spells one of these values
-out again instead of importing it.
+out again instead of importing it. The JSON the two send each other is typed in payloads.py (pydantic, which
+both have).
 """
 
 from __future__ import annotations
@@ -90,8 +91,10 @@ MAX_REQUEST_BODY_BYTES = 16 * 1024**2
 # The runtime's management API, which the operator calls on each Ready pod.
 ADAPTERS_PATH = "/v1/pagoda/adapters"  # GET the loaded adapters; PUT/DELETE /{name}
 CAPACITY_PATH = "/v1/pagoda/capacity"  # GET the KV cache's size and limits, and the start-up phases
+# What these paths answer is typed in payloads.py (Capacity, AdapterList, AdapterEntry).
 # The runtime's start-up phases, in order (runtime/serving/startup.py), as CAPACITY_PATH reports them under
-# `startup` and the operator copies them into status.startup between the kubelet's phases.
+# `startup` (payloads.StartupRecord) and the operator copies them into status.startup between the kubelet's
+# phases.
 STARTUP_PHASES = ("imports", "modelFetch", "engineSetup", "weightLoad", "engineInit", "apiServer")
 # Calls to ADAPTERS_PATH must be signed by the operator (contract/management.py); the pod holds the public key
 # in this file, mounted from the ConfigMap the operator writes per service.

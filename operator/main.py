@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import kopf
 from kubernetes import client, config
@@ -22,7 +23,7 @@ from pagoda.operator import metrics
 from pagoda.operator.api import API_VERSION, KIND, PLURAL
 from pagoda.operator.api.network import NAMESPACE_PATTERN
 from pagoda.operator.handlers import MANAGED_BY_SELECTOR, WATCHED_KINDS, build_registry
-from pagoda.operator.kube.adapters import AdapterSync, PodTrust
+from pagoda.operator.kube.adapters import AdapterSync
 from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.kube.capacity import CapacityReader
 from pagoda.operator.kube.client import Kube, KubeError
@@ -33,9 +34,10 @@ from pagoda.operator.kube.management import (
     load_keys,
     parse_namespaced_name,
 )
+from pagoda.operator.kube.podcalls import PodTrust
 from pagoda.operator.kube.workqueue import Outcome, WorkQueue, work
 from pagoda.operator.reconcile.core import reconcile
-from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
+from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE, OperatorSettings
 from pagoda.operator.status.nodes import NODE_KIND
 
 log = logging.getLogger("pagoda.operator")
@@ -298,12 +300,10 @@ async def reconcile_all(
         overlap = args.resync_seconds + KUBELET_SYNC_SECONDS
     keys = await asyncio.to_thread(load_keys, kube, args.management_key_secret, overlap)
     reconcile_one = functools.partial(
-        reconcile,
-        kube,
-        cache=cache,
+        reconcile, kube, cache=cache, capacity=capacity, adapters=AdapterSync(keys, trust=trust)
+    )
+    settings = OperatorSettings(
         default_image=args.runtime_image,
-        capacity=capacity,
-        adapters=AdapterSync(keys, trust=trust),
         trusted_namespaces=args.allow_from_namespace,
         picker_cluster_role=args.picker_cluster_role,
     )
@@ -311,7 +311,7 @@ async def reconcile_all(
     def job(namespace: str, name: str) -> Outcome:
         """One pass, with the management keys as the Secret has them now (a rotation's steps: KeyRing)."""
         keys.refresh()
-        return reconcile_one(namespace, name, management_key=keys.public_pem)
+        return reconcile_one(namespace, name, settings=replace(settings, management_key=keys.public_pem))
 
     metrics.LEADER.set(1)
     tasks += [asyncio.create_task(work(queue, job, executor)) for _ in range(args.workers)]

@@ -13,7 +13,8 @@ import sys
 from types import ModuleType
 
 from pagoda.runtime.models import sources
-from pagoda.runtime.profiling.profile import add_profile_flags
+from pagoda.runtime.models.modeluri import ModelSourceError
+from pagoda.runtime.profiling.config import add_profile_flags, profile_config
 from pagoda.runtime.serving import signals, termination
 from pagoda.runtime.serving.config import ConfigError, ServeConfig, add_serve_flags, config_from_args
 
@@ -89,7 +90,7 @@ def _serve(ns: argparse.Namespace, extra: list[str], parser: argparse.ArgumentPa
 
     try:
         sources.check_local(config.model)
-    except sources.ModelSourceError as exc:  # the same lines as a failure after the engine's imports
+    except ModelSourceError as exc:  # the same lines as a failure after the engine's imports
         log.error("Failed to load model uri=%s error=%s: %s", config.model, type(exc).__name__, exc)
         termination.write(termination.model_source(exc.reason, str(exc)))
         log.info("Stopped runtime exit_code=1")
@@ -123,7 +124,7 @@ def _profile(
 
     try:
         serve = config_from_args(ns, extra)
-        config = profile.profile_config(ns)
+        config = profile_config(ns)
     except ConfigError as exc:
         path = ns.result or None  # else the termination-message path of the environment
         termination.write(termination.invalid_config(str(exc)), path)

@@ -2,6 +2,8 @@
 
 Each rule is enforced twice with the same message: by the API server at admission (CEL in the CRD, see
 crdgen) and by the operator's pydantic models, so an object that got past an older CRD is reported the same.
+One file over 400 lines on purpose: every rule of the API in one place, each CEL expression beside its
+message.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ JsonDict = dict[str, JsonValue]
 
 _HF = r"hf://[A-Za-z0-9][-._A-Za-z0-9]*(/[A-Za-z0-9][-._A-Za-z0-9]*)?/?"
 # One part of an s3:// prefix: not empty, not '.' or '..' (the prefix is also the cache folder's path, which a
-# '..' would leave; runtime/models/sources.py refuses the same). Written without look-ahead: the API server's
+# '..' would leave; runtime/models/modeluri.py refuses the same). Written without look-ahead: the API server's
 # regexps are RE2, and `[.]` rather than `\.`, which a CEL string literal refuses as an escape.
 _S3_PART = r"([^/.][^/]*|[.][^/.][^/]*|[.][.][^/]+)"
 _S3 = rf"s3://{S3_BUCKET_PATTERN}/{_S3_PART}(/{_S3_PART})*/?"

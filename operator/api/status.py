@@ -1,4 +1,8 @@
-"""InferenceServiceStatus: what the operator reports (written by the controller)."""
+"""InferenceServiceStatus: what the operator reports (written by the controller).
+
+One file over 400 lines on purpose: it is the status's schema, one model per status field with the description
+the CRD and docs/api.md show, read top to bottom like the status itself.
+"""
 
 from __future__ import annotations
 

@@ -1,16 +1,15 @@
 """How much a service's replicas hold: the KV-cache capacity each runtime reports once its model is loaded.
 
-The runtime answers `GET /v1/pagoda/capacity` with `{"kvCacheTokens", "maxModelLen", "maxConcurrency",
-"blockSize", "startup", "modelCache"}` (runtime/serving/capacity.py, runtime/serving/startup.py,
-runtime/models/modelcache.py; 503 while loading). The numbers are
-fixed for a pod's life, so the
-operator asks each Ready pod once and remembers the answer by pod uid; a failed ask is retried after
-`retry_after` seconds, doubling with each failure up to `max_retry_after` (a pod the operator cannot reach,
-e.g. behind a NetworkPolicy, costs one short ask every half hour). What a pass costs is bounded: at most
-`per_pass` asks, each with a short timeout, and none for a pod already answered. The memory and the back-off
-are podmemo.py's, shared with adapters.py. `status.capacity` is the
-smallest replica's (during a rollout the old and new pods can differ; the smaller is what a client can
-count on). Each pod's start-up phases go into `status.startup` (startup.py).
+The runtime answers `GET /v1/pagoda/capacity` with contract/payloads.py's Capacity: `{"kvCacheTokens",
+"maxModelLen", "maxConcurrency", "blockSize", "startup", "modelCache"}` (runtime/serving/capacity.py,
+runtime/serving/startup.py, runtime/models/modelcache.py; 503 while loading). The numbers are fixed for a
+pod's life, so the operator asks each Ready pod once and remembers the answer by pod uid; a failed ask is
+retried after `retry_after` seconds, doubling with each failure up to `max_retry_after` (a pod the operator
+cannot reach, e.g. behind a NetworkPolicy, costs one short ask every half hour). What a pass costs is
+bounded: at most `per_pass` asks, each with a short timeout, and none for a pod already answered. The memory
+and the back-off are podmemo.py's, shared with adapters.py. `status.capacity` is the smallest replica's
+(during a rollout the old and new pods can differ; the smaller is what a client can count on). Each pod's
+start-up phases go into `status.startup` (startup.py).
 """
 
 from __future__ import annotations
@@ -22,8 +21,11 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from pydantic import ValidationError
+
 from pagoda.contract import CAPACITY_PATH, HTTP_PORT
-from pagoda.operator.kube.adapters import PodTrust, https_call, pod_transport
+from pagoda.contract.payloads import Capacity
+from pagoda.operator.kube.podcalls import PodTrust, https_call, pod_transport
 from pagoda.operator.kube.podmemo import PodMemo, at_once, backoff, pod_ready
 from pagoda.operator.resources.tls import PodTls, pod_url
 from pagoda.operator.status.startup import model_cache_status, record
@@ -33,7 +35,7 @@ Fetch = Callable[[str, float], Obj]
 
 
 def http_fetch(url: str, timeout: float, tls: PodTls | None = None) -> Obj:
-    """GET `url` (a pod's, over http or, with spec.runtime.tls, https verified as `tls` says: adapters.py)."""
+    """GET `url` (a pod's, over http or, with spec.runtime.tls, https verified as `tls` says: podcalls.py)."""
     if url.startswith("https:"):
         status, raw = https_call(tls, "GET", url, None, {}, timeout)
         if status != 200:
@@ -47,30 +49,25 @@ def http_fetch(url: str, timeout: float, tls: PodTls | None = None) -> Obj:
     return body
 
 
-def _answer(body: Obj) -> Obj | None:
-    """What the status keeps of the runtime's answer: {"capacity", "startup", "modelCache"}; None without a
-    capacity."""
-    found = _capacity(body)
-    if found is None:
-        return None
-    startup, cache = body.get("startup"), body.get("modelCache")
-    return {
-        "capacity": found,
-        "startup": startup if isinstance(startup, dict) else None,
-        "modelCache": cache if isinstance(cache, dict) else None,
-    }
-
-
-def _capacity(body: Obj) -> Obj | None:
-    """The fields of the runtime's answer that go into the status; None when they are missing."""
+def _answer(body: Obj) -> Capacity | None:
+    """The runtime's answer read with its model (contract/payloads.py); None without a capacity. A start-up
+    record or a model cache that is not one reads as absent: the capacity still counts."""
     try:
-        tokens, length = int(body["kvCacheTokens"]), int(body["maxModelLen"])
-        concurrency = round(float(body["maxConcurrency"]), 2)
-    except (KeyError, TypeError, ValueError):
+        found = Capacity.model_validate(body)
+    except ValidationError:
         return None
-    if tokens <= 0 or length <= 0:
+    if found.kv_cache_tokens <= 0 or found.max_model_len <= 0:
         return None
-    return {"kvCacheTokens": tokens, "maxModelLen": length, "maxConcurrency": concurrency}
+    return found
+
+
+def _capacity(found: Capacity) -> Obj:
+    """The fields of the runtime's answer that go into the status."""
+    return {
+        "kvCacheTokens": found.kv_cache_tokens,
+        "maxModelLen": found.max_model_len,
+        "maxConcurrency": round(found.max_concurrency, 2),
+    }
 
 
 class CapacityReader:
@@ -94,7 +91,7 @@ class CapacityReader:
         self._per_pass, self._clock = per_pass, clock
         # pod uid -> its answer (_answer), or (the monotonic time after which a failed ask may be repeated,
         # failures)
-        self._known: PodMemo[Obj | tuple[float, int]] = PodMemo(remembered)
+        self._known: PodMemo[Capacity | tuple[float, int]] = PodMemo(remembered)
 
     def status(self, pods: list[Obj]) -> Obj | None:
         """`status.capacity` from the Ready pods of one service (asking those not asked yet); None when no
@@ -107,8 +104,8 @@ class CapacityReader:
             if not uid or not ip or not pod_ready(pod):
                 continue
             known = self._known.get(uid)
-            if isinstance(known, dict):
-                answers.append(known["capacity"])
+            if isinstance(known, Capacity):
+                answers.append(_capacity(known))
                 continue
             if (known is not None and self._clock() < known[0]) or len(to_ask) >= self._per_pass:
                 continue
@@ -119,7 +116,7 @@ class CapacityReader:
             delay = backoff(self._retry_after, self._max_retry_after, failures)
             self._known.put(uid, answer if answer is not None else (self._clock() + delay, failures))
             if answer is not None:
-                answers.append(answer["capacity"])
+                answers.append(_capacity(answer))
         if not answers:
             return None
         return min(answers, key=lambda a: (a["kvCacheTokens"], a["maxConcurrency"]))
@@ -129,8 +126,8 @@ class CapacityReader:
         found = []
         for pod in pods:
             known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
-            if pod_ready(pod) and isinstance(known, dict) and known["startup"] is not None:
-                start = record(pod, known["startup"])
+            if pod_ready(pod) and isinstance(known, Capacity) and known.startup is not None:
+                start = record(pod, known.startup)
                 if start is not None:
                     found.append(start)
         return found
@@ -142,8 +139,8 @@ class CapacityReader:
         for pod in sorted(pods, key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp") or "")):
             known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
             node = (pod.get("spec") or {}).get("nodeName")
-            if pod_ready(pod) and node and isinstance(known, dict) and known["modelCache"] is not None:
-                reports.append((str(node), known["modelCache"]))
+            if pod_ready(pod) and node and isinstance(known, Capacity) and known.model_cache is not None:
+                reports.append((str(node), known.model_cache))
         return model_cache_status(reports)
 
     def next_ask(self, pods: list[Obj]) -> float | None:
@@ -152,7 +149,7 @@ class CapacityReader:
         waits = []
         for pod in pods:
             known = self._known.get(str((pod.get("metadata") or {}).get("uid") or ""))
-            if pod_ready(pod) and (pod.get("status") or {}).get("podIP") and not isinstance(known, dict):
+            if pod_ready(pod) and (pod.get("status") or {}).get("podIP") and not isinstance(known, Capacity):
                 waits.append(max(known[0] - self._clock(), 1.0) if known is not None else 1.0)
         return min(waits) if waits else None
 
@@ -164,7 +161,7 @@ class CapacityReader:
             return functools.partial(self._fetch, url, self._timeout)
         return functools.partial(http_fetch, url, self._timeout, pod_transport(self._trust, pod))
 
-    def _ask(self, ask: Callable[[], Obj]) -> Obj | None:
+    def _ask(self, ask: Callable[[], Obj]) -> Capacity | None:
         try:
             return _answer(ask())
         except (OSError, ValueError):  # unreachable, 503 while loading (HTTPError is an OSError), bad JSON

@@ -1,18 +1,26 @@
 """Kubernetes Events (core/v1) about an InferenceService: one per pass that created, changed or deleted
-children (naming them all), and a Warning when the object becomes Degraded. Recording an Event never fails a
-reconcile."""
+children (naming them all), and those a status write is worth (`record_status_changes`: a Warning when the
+object becomes Degraded, scaling, adapter failures, SLOUnmet and ScalingMetricsUnavailable flipping).
+Recording an Event never fails a reconcile."""
 
 from __future__ import annotations
 
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
+from pagoda.operator.kube.adapters import failure_events
 from pagoda.operator.kube.client import Kube, KubeError
 from pagoda.operator.resources.meta import FIELD_MANAGER
+from pagoda.operator.status.changes import degraded_now
+from pagoda.operator.status.scaling import scale_event
+from pagoda.operator.status.scalingmetrics import metrics_event
+from pagoda.operator.status.slo import slo_event
 
 log = logging.getLogger("pagoda.operator.events")
+pass_log = logging.getLogger("pagoda.operator.reconcile")  # a status change is logged among the pass's lines
 INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
 
 Obj = dict[str, Any]
@@ -68,3 +76,40 @@ def record(kube: Kube, owner: Obj, *, type_: str, reason: str, message: str, now
             owner["metadata"]["namespace"],
             str(exc),
         )
+
+
+def record_status_changes(kube: Kube, owner: Obj, previous: Obj, status: Obj, now: Callable[[], str]) -> None:
+    """The Events about the status written over `previous`, in this order: a Warning when the owner becomes
+    Degraded or its Degraded reason changes, Scaled, each adapter failure, each flip of SLOUnmet and of
+    ScalingMetricsUnavailable."""
+    name, namespace = owner["metadata"]["name"], owner["metadata"]["namespace"]
+
+    def event(type_: str, reason: str, message: str) -> None:
+        record(kube, owner, type_=type_, reason=reason, message=message, now=now())
+
+    was, became = degraded_now(previous), degraded_now(status)
+    if became is not None and (was is None or was.reason != became.reason):
+        event("Warning", became.reason, became.message)
+    scaled = scale_event(previous.get("autoscaling"), status.get("autoscaling"))
+    if scaled is not None:
+        pass_log.info("Scaled name=%s namespace=%s %s", name, namespace, scaled)
+        event("Normal", "Scaled", scaled)
+    for reason, message in failure_events(previous, status):
+        event("Warning", reason, message)
+    flipped = slo_event(previous, status)
+    if flipped is not None:
+        type_, reason, message = flipped
+        pass_log.info(
+            "Changed condition type=SLOUnmet event=%s name=%s namespace=%s", reason, name, namespace
+        )
+        event(type_, reason, message)
+    blind = metrics_event(previous, status)  # KEDA's fallback holds the replicas, or it ended
+    if blind is not None:
+        type_, reason, message = blind
+        pass_log.info(
+            "Changed condition type=ScalingMetricsUnavailable event=%s name=%s namespace=%s",
+            reason,
+            name,
+            namespace,
+        )
+        event(type_, reason, message)

@@ -15,7 +15,7 @@ OWNER_LABEL = "pagoda.dev/inferenceservice"
 # The server-side apply field manager; compare.stale_fields reads managedFields by this name, and Events
 # name it as their reporting component.
 FIELD_MANAGER = "pagoda-operator"
-# Holds a Deployment's spec.replicas for a moment when autoscaling is turned on (reconcile/core.py
+# Holds a Deployment's spec.replicas for a moment when autoscaling is turned on (reconcile/apply.py
 # hand_over_replicas), so that the operator's release of the field does not reset it to 1.
 REPLICAS_HANDOVER_MANAGER = "pagoda-operator-replicas-handover"
 # Scheduled restarts (reconcile/restarts.py): a new value on the pod template rolls every pod, as

@@ -1,5 +1,6 @@
 """spec.routing: the InferencePool of the runtime pods and the endpoint picker that serves it, as GIE v1.5.0's
 own chart (config/charts/inferencepool) deploys them per pool, plus an optional HTTPRoute to a Gateway.
+One file over 400 lines on purpose: the pool, the picker with its RBAC, and the route are built as one unit.
 
 The picker's objects are named `<name>-epp` and carry the owner's labels (so the operator finds, watches and
 prunes them), except app.kubernetes.io/name, which names the picker: the runtime's Service and ServiceMonitor

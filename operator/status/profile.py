@@ -14,22 +14,33 @@ metric SLO's target that, or 1 when no profile ever met the SLO: a tighter SLO n
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
 from pydantic import ValidationError
 
+from pagoda.contract.payloads import ProfileResult
 from pagoda.operator.api.status import ProfileStatus
 
 Obj = dict[str, Any]
 PROFILE_KIND = "Job"
 FINISHED = ("Succeeded", "Failed")
-# The runtime's result keys copied as they are (the SLO's two objectives become ttftMs and interTokenMs;
-# `engine`, the tuned batch settings, loses its nulls: a field the choice leaves alone is absent).
-RESULT_KEYS = ("concurrency", "requestsPerSecond", "outputTokensPerSecond", "steps", "engine")
+# The runtime's result fields copied as they are, less their nulls (the SLO's two objectives become ttftMs
+# and interTokenMs; in `engine`, the tuned batch settings, a field the choice leaves alone is absent).
+RESULT_FIELDS = {"concurrency", "requests_per_second", "output_tokens_per_second", "steps", "engine"}
 # What a successful profile measured: kept through later profiles until another succeeds.
-MEASURED = (*RESULT_KEYS, "ttftMs", "interTokenMs", "measuredBy", "measuredAt", "lastMetConcurrency")
+MEASURED = (
+    "concurrency",
+    "requestsPerSecond",
+    "outputTokensPerSecond",
+    "steps",
+    "engine",
+    "ttftMs",
+    "interTokenMs",
+    "measuredBy",
+    "measuredAt",
+    "lastMetConcurrency",
+)
 # metric SLO's base while the newest profile met the SLO at no step and none before it did.
 UNMET_CONCURRENCY = 1
 
@@ -105,27 +116,17 @@ def job_outcome(job: Obj) -> tuple[str, str | None, str | None]:
 
 
 def result_fields(message: str | None) -> Obj:
-    """status.profile's measured fields from the runtime's result (runtime/profiling/profile.py); a result
-    that is not one makes the profile Failed with what was read."""
+    """status.profile's measured fields from the runtime's result (contract/payloads.py ProfileResult,
+    runtime/profiling/result.py); a result that is not one makes the profile Failed with what was read."""
     try:
-        result = json.loads(message or "")
-        if not isinstance(result, dict):
-            raise ValueError("not a JSON object")
-        slo = result.get("slo") or {}
-        fields = {key: without_nulls(result[key]) for key in RESULT_KEYS if result.get(key) is not None}
-        fields["ttftMs"], fields["interTokenMs"] = slo["ttftMs"], slo["interTokenMs"]
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        return {"state": "Failed", "message": f"ProfileResultUnreadable: {exc}: {(message or '')[:512]!r}"}
-    return fields
-
-
-def without_nulls(value: Any) -> Any:
-    """`value` with every null member of its objects (and of the objects in its lists) left out."""
-    if isinstance(value, dict):
-        return {key: without_nulls(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [without_nulls(item) for item in value]
-    return value
+        result = ProfileResult.model_validate_json(message or "")
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the result"
+        quoted = (message or "")[:512]
+        return {"state": "Failed", "message": f"ProfileResultUnreadable: {where}: {first['msg']}: {quoted!r}"}
+    fields: Obj = result.model_dump(mode="json", by_alias=True, exclude_none=True, include=RESULT_FIELDS)
+    return {**fields, "ttftMs": result.slo.ttft_ms, "interTokenMs": result.slo.inter_token_ms}
 
 
 def tuned_engine(profile: Obj | None) -> Obj | None:

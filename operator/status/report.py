@@ -1,6 +1,6 @@
 """Pure functions: the InferenceService status from what one reconcile pass observed.
 
-No I/O. The pass gathers what it saw into an `Observed` (core.observe, the only step that makes calls) and
+No I/O. The pass gathers what it saw into an `Observed` (reconcile/observe.py, which makes the calls) and
 `compute_status(owner, observed)` returns the complete status: the conditions (Ready, Progressing,
 Degraded, DisruptionTolerant, with spec.slo SLOUnmet, slo.py, and with spec.autoscaling
 ScalingMetricsUnavailable, scalingmetrics.py), the replica counts, and the reports of
@@ -11,7 +11,8 @@ unschedulable pod, pods the API server refuses, a stuck rollout) makes the servi
 condition's reason while replicas are missing, so `kubectl get` shows it.
 
 The conditions read the spec as stored (`owner["spec"]`), not the validated model: an invalid spec still gets
-a status, whose messages name the fields as the user wrote them.
+a status, whose messages name the fields as the user wrote them. Whether and how the status is written
+is changes.py's.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ class Problem:
 
 
 @dataclass(frozen=True)
-class Condition:
+class Verdict:
+    """One condition as this pass finds it (`to_dict` makes it the API's Condition, api/status.py, keeping
+    its lastTransitionTime while the status stays the same)."""
+
     type: str
     status: bool
     reason: str
@@ -103,10 +107,10 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
     profile = previous_status.get("profile") if "profile" in observed.kept else observed.profile
     slo = slo_condition(spec, profile)
     if slo is not None:
-        conditions.append(Condition(SLO_UNMET, *slo))
+        conditions.append(Verdict(SLO_UNMET, *slo))
     metrics = metrics_condition(observed.scaled_object, observed.hpa, parse_time(now))
     if metrics is not None:
-        conditions.append(Condition(METRICS_UNAVAILABLE, *metrics))
+        conditions.append(Verdict(METRICS_UNAVAILABLE, *metrics))
     status: Obj = {
         "observedGeneration": generation,
         "conditions": [to_dict(c, previous.get(c.type), generation, now) for c in conditions],
@@ -142,7 +146,7 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
     return status
 
 
-def to_dict(condition: Condition, previous: Obj | None, generation: int, now: str) -> Obj:
+def to_dict(condition: Verdict, previous: Obj | None, generation: int, now: str) -> Obj:
     value = "True" if condition.status else "False"
     kept = previous.get("lastTransitionTime") if previous and previous.get("status") == value else None
     return {
@@ -232,18 +236,18 @@ def ready_condition(
     problems: list[Problem],
     stop: PodIssue | None = None,
     waiting_room: int | None = None,
-) -> Condition:
+) -> Verdict:
     """Ready when every desired replica is; at zero replicas only when a request wakes the service
     (`waiting_room`, scale_from_zero_wait's seconds): the endpoint picker then holds it while KEDA starts a
     replica."""
     if deployment is None:
         if problems:
-            return Condition("Ready", False, problems[0].reason, problems[0].message)
-        return Condition("Ready", False, "DeploymentMissing", "The Deployment has not been created yet")
+            return Verdict("Ready", False, problems[0].reason, problems[0].message)
+        return Verdict("Ready", False, "DeploymentMissing", "The Deployment has not been created yet")
     want = desired_replicas(deployment)
     ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
     if want == 0 and waiting_room is not None:
-        return Condition(
+        return Verdict(
             "Ready",
             True,
             "ScaledToZero",
@@ -251,31 +255,31 @@ def ready_condition(
             "starts one (then 503)",
         )
     if want == 0:
-        return Condition("Ready", False, "ScaledToZero", "The Deployment is scaled to 0 replicas")
+        return Verdict("Ready", False, "ScaledToZero", "The Deployment is scaled to 0 replicas")
     if ready >= want:
-        return Condition("Ready", True, "ReplicasReady", f"{ready}/{want} replicas are ready")
+        return Verdict("Ready", True, "ReplicasReady", f"{ready}/{want} replicas are ready")
     if stop is not None:
-        return Condition(
+        return Verdict(
             "Ready", False, stop.reason, f"{ready}/{want} replicas are ready; the Degraded condition says why"
         )
-    return Condition("Ready", False, "ReplicasNotReady", f"{ready}/{want} replicas are ready")
+    return Verdict("Ready", False, "ReplicasNotReady", f"{ready}/{want} replicas are ready")
 
 
-def progressing_condition(deployment: Obj | None, problems: list[Problem]) -> Condition:
+def progressing_condition(deployment: Obj | None, problems: list[Problem]) -> Verdict:
     stuck = _deployment_condition(deployment, "Progressing")
     if stuck and stuck.get("status") == "False":
-        return Condition(
+        return Verdict(
             "Progressing", False, str(stuck.get("reason") or "RolloutStuck"), str(stuck.get("message") or "")
         )
     if deployment is None:
         if problems:
-            return Condition("Progressing", False, problems[0].reason, problems[0].message)
-        return Condition("Progressing", True, "Creating", "Creating the Deployment")
+            return Verdict("Progressing", False, problems[0].reason, problems[0].message)
+        return Verdict("Progressing", True, "Creating", "Creating the Deployment")
     if rollout_done(deployment):
-        return Condition("Progressing", False, "RolloutComplete", "Every replica runs the latest spec")
+        return Verdict("Progressing", False, "RolloutComplete", "Every replica runs the latest spec")
     st = deployment.get("status") or {}
     want = desired_replicas(deployment)
-    return Condition(
+    return Verdict(
         "Progressing",
         True,
         "RollingOut",
@@ -286,17 +290,17 @@ def progressing_condition(deployment: Obj | None, problems: list[Problem]) -> Co
 
 def degraded_condition(
     deployment: Obj | None, problems: list[Problem], stop: PodIssue | None = None
-) -> Condition:
+) -> Verdict:
     """The operator's own problems first, then what blocks the replicas (see `blocker`)."""
     if problems:
         reason = problems[0].reason
-        return Condition("Degraded", True, reason, "; ".join(p.message for p in problems))
+        return Verdict("Degraded", True, reason, "; ".join(p.message for p in problems))
     if stop is not None:
-        return Condition("Degraded", True, stop.reason, stop.message)
-    return Condition("Degraded", False, "Reconciled", "Every child object matches the spec")
+        return Verdict("Degraded", True, stop.reason, stop.message)
+    return Verdict("Degraded", False, "Reconciled", "Every child object matches the spec")
 
 
-def disruption_condition(deployment: Obj | None, spec: Obj) -> Condition:
+def disruption_condition(deployment: Obj | None, spec: Obj) -> Verdict:
     """DisruptionTolerant: whether a voluntary disruption (a node drain, the eviction API) leaves a
     replica serving. The PodDisruptionBudget lets an eviction through while fewer than
     `spec.disruption.maxUnavailable` replicas are down (a percentage of the replicas, rounded up, as the
@@ -306,12 +310,12 @@ def disruption_condition(deployment: Obj | None, spec: Obj) -> Condition:
     without the service reading as broken."""
     want = desired_replicas(deployment) if deployment is not None else 0
     if want == 0:
-        return Condition("DisruptionTolerant", True, "NoReplicas", "No replica runs, so a drain evicts none")
+        return Verdict("DisruptionTolerant", True, "NoReplicas", "No replica runs, so a drain evicts none")
     budget = (spec.get("disruption") or {}).get("maxUnavailable", 1)
     allowed = _scaled(budget, want)
     setting = f"spec.disruption.maxUnavailable {budget}"
     if allowed <= 0:
-        return Condition(
+        return Verdict(
             "DisruptionTolerant",
             True,
             "EvictionsBlocked",
@@ -319,14 +323,14 @@ def disruption_condition(deployment: Obj | None, spec: Obj) -> Condition:
             f"service's pods until you change it",
         )
     if allowed < want:
-        return Condition(
+        return Verdict(
             "DisruptionTolerant",
             True,
             "ReplicasKeptDuringDrain",
             f"A drain evicts at most {allowed} of {want} replicas at once ({setting}); the rest keep serving",
         )
     more = "autoscaling.minReplicas" if spec.get("autoscaling") else "spec.replicas"
-    return Condition(
+    return Verdict(
         "DisruptionTolerant",
         False,
         "DrainTakesEveryReplica",
@@ -342,78 +346,3 @@ def _scaled(value: Any, replicas: int) -> int:
     if isinstance(value, str) and value.endswith("%"):
         return -(-int(value[:-1]) * replicas // 100)
     return int(value)
-
-
-# Status fields present only when they apply (a URL, an autoscaler, a reported capacity, a node cache, a
-# restart schedule, LoRA adapters).
-OPTIONAL_FIELDS = (
-    "url",
-    "autoscaling",
-    "capacity",
-    "startup",
-    "modelCache",
-    "restarts",
-    "adapters",
-    "adaptersReady",
-    "profile",
-    "sizing",
-)
-
-
-def status_patch(previous: Obj, status: Obj) -> Obj:
-    """The JSON merge patch that makes the stored status `status`: a merge patch keeps what it does not
-    name, so an optional field that no longer applies, and a key gone from a nested object (e.g.
-    status.profile.concurrency when a profile met the SLO at no step, status.sizing.inFlight during KEDA's
-    fallback), is named with null."""
-    patch = {**status, **{key: None for key in OPTIONAL_FIELDS if key in previous and key not in status}}
-    return {key: _removals(previous.get(key), value) for key, value in patch.items()}
-
-
-def _removals(previous: Any, value: Any) -> Any:
-    if not isinstance(previous, dict) or not isinstance(value, dict):
-        return value
-    gone = {key: None for key in previous if key not in value}
-    return {**{key: _removals(previous.get(key), item) for key, item in value.items()}, **gone}
-
-
-def status_changed(live: Obj | None, new: Obj) -> bool:
-    """True when writing `new` would change the fields of the status that we own."""
-    live = live or {}
-    return any(live.get(key) != value for key, value in new.items()) or any(
-        key in live and key not in new for key in OPTIONAL_FIELDS
-    )
-
-
-def degraded_now(status: Obj) -> Condition | None:
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == "Degraded" and cond.get("status") == "True":
-            return Condition("Degraded", True, str(cond.get("reason")), str(cond.get("message")))
-    return None
-
-
-# How long the first status of a new InferenceService waits for the Deployment controller's first report on
-# its Deployment (well under a second in a healthy cluster; seconds when many services are created at once).
-FIRST_REPORT_GRACE_S = 10.0
-
-
-def first_report_wait(
-    previous: Obj, deployment: Obj | None, problems: list[Problem], now: str
-) -> float | None:
-    """Seconds to hold back the first status of a new InferenceService; None: write it now.
-
-    Just after the Deployment is created, before its controller has reported on it (no
-    `status.observedGeneration`), the status could only say "0 replicas, rollout not started", and the
-    controller's report, whose watch event queues another pass, replaces that moments later: so the first
-    status waits for that report, at most FIRST_REPORT_GRACE_S after the Deployment's creation, and one
-    status write says what the first two would have. Never once a status was written, nor when something is
-    wrong (a problem is reported at once)."""
-    if previous or problems or deployment is None:
-        return None
-    if (deployment.get("status") or {}).get("observedGeneration") is not None:
-        return None
-    created = parse_time(str((deployment.get("metadata") or {}).get("creationTimestamp") or ""))
-    current = parse_time(now)
-    if created is None or current is None:
-        return None
-    left = FIRST_REPORT_GRACE_S - (current - created).total_seconds()
-    return left if left > 0 else None

@@ -19,7 +19,7 @@ from pagoda.operator.api.status import SLO_UNMET
 from pagoda.operator.status.profile import measured_concurrency, slo_concurrency, slo_unmet
 
 Obj = dict[str, Any]
-# The runtime's MAX_ERROR_RATIO (runtime/profiling/profile.py): a step with a larger share of errored requests
+# The runtime's MAX_ERROR_RATIO (runtime/profiling/result.py): a step with a larger share of errored requests
 # misses.
 MAX_ERROR_RATIO = 0.05
 UNMET_REASON = "NoStepMetSLO"

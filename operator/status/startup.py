@@ -22,6 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from pagoda.contract import STARTUP_PHASES
+from pagoda.contract.payloads import ModelCacheReport, StartupRecord
 from pagoda.operator.resources.meta import CONTAINER_NAME
 from pagoda.operator.status.times import parse_time, rfc3339
 
@@ -31,9 +32,9 @@ PHASES = ("scheduling", "containerStart", *STARTUP_PHASES, "readiness")
 RECENT_STARTS = 10
 
 
-def record(pod: Obj, report: Obj) -> Obj | None:
-    """One replica's start from its Pod and its runtime's `startup` report; None when it is not a first
-    start that became Ready, or the report is not one."""
+def record(pod: Obj, report: StartupRecord) -> Obj | None:
+    """One replica's start from its Pod and its runtime's `startup` report (contract/payloads.py, which
+    leaves out a phase or a size it cannot read); None when it is not a first start that became Ready."""
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
     container = next(
         (c for c in status.get("containerStatuses") or [] if c.get("name") == CONTAINER_NAME), None
@@ -43,16 +44,14 @@ def record(pod: Obj, report: Obj) -> Obj | None:
     created = parse_time(meta.get("creationTimestamp"))
     scheduled = _condition_time(status, "PodScheduled")
     ready = _condition_time(status, "Ready")
-    process_started = parse_time(report.get("startedAt"))
-    runtime_ready = parse_time(report.get("readyAt"))
-    runtime_phases = report.get("phases")
+    process_started = parse_time(report.started_at)
+    runtime_ready = parse_time(report.ready_at)
     if (
         created is None
         or scheduled is None
         or ready is None
         or process_started is None
         or runtime_ready is None
-        or not isinstance(runtime_phases, dict)
     ):
         return None
     phases: dict[str, float] = {
@@ -60,9 +59,8 @@ def record(pod: Obj, report: Obj) -> Obj | None:
         "containerStart": _seconds(process_started, scheduled),
     }
     for name in STARTUP_PHASES:
-        value = _number(runtime_phases.get(name))
-        if value is not None:
-            phases[name] = round(value, 1)
+        if name in report.phases:
+            phases[name] = round(report.phases[name], 1)
     phases["readiness"] = _seconds(ready, runtime_ready)
     start: Obj = {
         "pod": str(meta.get("name") or ""),
@@ -70,46 +68,37 @@ def record(pod: Obj, report: Obj) -> Obj | None:
         "seconds": _seconds(ready, created),
         "phases": phases,
     }
-    for field in ("modelBytes", "fetchedBytes"):
-        size = _whole(report.get(field))
-        if size is not None:
-            start[field] = size
+    if report.model_bytes is not None:
+        start["modelBytes"] = report.model_bytes
+    if report.fetched_bytes is not None:
+        start["fetchedBytes"] = report.fetched_bytes
     return start
-
-
-def _whole(value: Any) -> int | None:
-    """A count of bytes from a pod's JSON: a whole number at least 0, else None."""
-    number = _number(value)
-    return int(number) if number is not None and number == int(number) else None
 
 
 MAX_CACHE_NODES, MAX_CACHED_MODELS = 64, 16
 
 
-def model_cache_status(reports: list[tuple[str, Obj]]) -> Obj | None:
+def model_cache_status(reports: list[tuple[str, ModelCacheReport]]) -> Obj | None:
     """`status.modelCache` (spec.model.cache.scope Node) from (node, the runtime's `modelCache` report)
     pairs, the newest report of a node last: per node, the models in the namespace's folder there, biggest
-    first. None without a readable report."""
+    first (the report leaves out a model it cannot read). None without a report."""
     nodes: dict[str, Obj] = {}
     for node, report in reports:
-        models, listed = [], report.get("models")
-        for item in listed if isinstance(listed, list) else []:
-            size = _whole(item.get("bytes")) if isinstance(item, dict) else None
-            if size is None or not isinstance(item.get("uri"), str):
-                continue
-            model: Obj = {"uri": item["uri"], "bytes": size, "inUse": item.get("inUse") is True}
-            for field in ("revision", "lastUsed"):
-                if isinstance(item.get(field), str):
-                    model[field] = item[field]
+        models = []
+        for item in report.models or []:
+            model: Obj = {"uri": item.uri, "bytes": item.bytes, "inUse": item.in_use is True}
+            if item.revision is not None:
+                model["revision"] = item.revision
+            if item.last_used is not None:
+                model["lastUsed"] = item.last_used
             models.append(model)
         entry: Obj = {
             "node": node,
             "bytes": sum(m["bytes"] for m in models),
             "models": models[:MAX_CACHED_MODELS],
         }
-        bound = _whole(report.get("maxBytes"))
-        if bound is not None:
-            entry["maxBytes"] = bound
+        if report.max_bytes is not None:
+            entry["maxBytes"] = report.max_bytes
         nodes[node] = entry
     if not nodes:
         return None
@@ -149,7 +138,7 @@ def typical(starts: list[Obj]) -> Obj:
 
 
 def _number(value: Any) -> float | None:
-    """A finite number of at least 0 from the runtime's JSON (a pod's answer is checked, not trusted)."""
+    """A finite number of at least 0 from the status's JSON (a person can edit a status), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) and value >= 0 else None

@@ -14,8 +14,8 @@ fits; what is in use stays, with a warning, even past the bound.
 
 A model found in the folder is not taken on trust: its folder is per store (an s3:// model's endpoint, an
 hf:// model's hub), not only per name, and each file is kept only when its bytes still hash to what was
-downloaded: for s3://, to the manifest written with it (sources._S3Manifest); for hf://, to the hash the
-hub's cache names its blob by (sources.hf_damaged). A file that differs is downloaded again, and the fetch
+downloaded: for s3://, to the manifest written with it (s3store._S3Manifest); for hf://, to the hash the
+hub's cache names its blob by (hfhub.hf_damaged). A file that differs is downloaded again, and the fetch
 is no hit.
 """
 
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from pagoda.contract import rfc3339
-from pagoda.runtime.models import sources
-from pagoda.runtime.models.sources import ModelSource
+from pagoda.runtime.models import hfhub, s3store, sources
+from pagoda.runtime.models.modeluri import LOCAL_SCHEMES, ModelSource
 
 log = logging.getLogger("pagoda.runtime.models.modelcache")
 
@@ -48,9 +48,9 @@ def model_folder(source: ModelSource, root: Path) -> Path:
     hub's repository folder with every revision, one per hub; for s3://, one per store, bucket and prefix):
     the lock and the record are per folder, so two hubs' or stores' copies of one name are two models."""
     if source.scheme == "s3":
-        return sources.s3_folder(source, root)
+        return s3store.s3_folder(source, root)
     if source.scheme == "hf":
-        return sources.hf_folder(source, root)
+        return hfhub.hf_folder(source, root)
     raise ValueError(f"{source.uri}: only hf:// and s3:// models are downloaded into the cache")
 
 
@@ -109,7 +109,7 @@ class ModelCache:
         """The model's folder, downloaded first unless another runtime sharing the cache has it (or is
         fetching it: then this waits). The model stays in use (safe from eviction) while this process lives.
         `download`: what moves the bytes (sources.fetch by default)."""
-        if source.scheme in sources.LOCAL_SCHEMES:
+        if source.scheme in LOCAL_SCHEMES:
             return Fetched(sources.fetch(source, str(self.root), revision), 0)
         folder = model_folder(source, self.root)
         key = self._key(folder)
@@ -199,7 +199,7 @@ class ModelCache:
                 folder = self.root / str(record["folder"])
                 shutil.rmtree(folder, ignore_errors=True)
                 if str(record["folder"]).startswith("s3/"):
-                    sources.manifest_path(self.root, folder).unlink(missing_ok=True)
+                    s3store.manifest_path(self.root, folder).unlink(missing_ok=True)
                 (self._records / f"{key}.json").unlink(missing_ok=True)
             freed += int(record["bytes"])
             log.info("Evicted model uri=%s bytes=%d", record["uri"], int(record["bytes"]))

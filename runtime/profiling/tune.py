@@ -29,12 +29,13 @@ which settings are free.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from pagoda import contract
-from pagoda.contract.tune import FLAGS, KEYS, unset
+from pagoda.contract.payloads import EngineCandidate, EngineChoice, ProfileResult
+from pagoda.contract.tune import FLAGS, unset
 
 if TYPE_CHECKING:
     from pagoda.runtime.serving.config import ServeConfig
@@ -62,9 +63,6 @@ class Batch:
                 out += [flag, str(value)]
         return out
 
-    def as_json(self) -> dict[str, int | None]:
-        return {key: getattr(self, field) for field, key in KEYS.items()}
-
 
 @dataclass(frozen=True)
 class Limits:
@@ -82,15 +80,13 @@ class Run:
 
     batch: Batch
     limits: Limits | None
-    result: Mapping[str, Any] | None
+    result: ProfileResult | None
     error: str | None = None
 
     @property
     def goodput(self) -> float | None:
         """Requests per second at the highest step that meets the SLO."""
-        if self.result is None or self.result.get("requestsPerSecond") is None:
-            return None
-        return float(self.result["requestsPerSecond"])
+        return self.result.requests_per_second if self.result is not None else None
 
 
 def tunable(serve: ServeConfig) -> frozenset[str]:
@@ -98,19 +94,17 @@ def tunable(serve: ServeConfig) -> frozenset[str]:
     return unset({field: getattr(serve, field) for field in FLAGS.values()}, serve.extra_args)
 
 
-def binding(result: Mapping[str, Any]) -> Objective | None:
+def binding(result: ProfileResult) -> Objective | None:
     """The objective the first step that misses the SLO misses by more (measured / objective), or None when
     every step meets it or even the first misses it (at one stream no batch setting has anything to
     share: the model and device are too slow for the SLO)."""
-    slo = result["slo"]
-    steps = result["steps"]
-    for index, step in enumerate(steps):
-        if step["meetsSlo"]:
+    for index, step in enumerate(result.steps or []):
+        if step.meets_slo:
             continue
         if index == 0:
             return None
-        ttft = step["ttftP95Ms"] / slo["ttftMs"]
-        itl = step["interTokenP95Ms"] / slo["interTokenMs"]
+        ttft = step.ttft_p95_ms / result.slo.ttft_ms
+        itl = step.inter_token_p95_ms / result.slo.inter_token_ms
         return "ttft" if ttft >= itl else "interToken"
     return None
 
@@ -151,9 +145,9 @@ def width_candidates(
     widths: list[int] = []
     if best.limits.kv_cache_tokens:
         widths.append(best.limits.kv_cache_tokens // request_tokens)
-    if (capacity := best.result.get("concurrency")) is not None:
-        missed = [int(s["concurrency"]) for s in best.result["steps"] if int(s["concurrency"]) > capacity]
-        widths += [int(capacity)] + ([(int(capacity) + missed[0]) // 2] if missed else [])
+    if (capacity := best.result.concurrency) is not None:
+        missed = [s.concurrency for s in best.result.steps or [] if s.concurrency > capacity]
+        widths += [capacity] + ([(capacity + missed[0]) // 2] if missed else [])
     ceiling = min(best.limits.max_num_seqs, best.limits.max_num_batched_tokens)
     out: list[Batch] = []
     for width in dict.fromkeys(widths):  # in order, once each
@@ -182,22 +176,25 @@ def choose(runs: Sequence[Run]) -> Run:
     return best
 
 
-def engine_result(runs: Sequence[Run], chosen: Run) -> dict[str, Any]:
+def engine_result(runs: Sequence[Run], chosen: Run) -> EngineChoice:
     """The result's `engine`: the chosen settings (None where it leaves the replica's), the goodputs with
-    them and with the baseline, and every run's settings and capacity, in order."""
-    return {
-        **chosen.batch.as_json(),
-        "goodput": chosen.goodput,
-        "baselineGoodput": baseline_goodput(runs),
-        "candidates": [
-            {
-                **run.batch.as_json(),
-                "concurrency": run.result.get("concurrency") if run.result else None,
-                "requestsPerSecond": run.goodput,
-            }
+    them and with the baseline, and every run's settings and capacity, in order. Every key is set, the nulls
+    too (payloads.EngineChoice)."""
+    return EngineChoice(
+        max_num_batched_tokens=chosen.batch.max_num_batched_tokens,
+        max_num_seqs=chosen.batch.max_num_seqs,
+        goodput=chosen.goodput,
+        baseline_goodput=baseline_goodput(runs),
+        candidates=[
+            EngineCandidate(
+                max_num_batched_tokens=run.batch.max_num_batched_tokens,
+                max_num_seqs=run.batch.max_num_seqs,
+                concurrency=run.result.concurrency if run.result else None,
+                requests_per_second=run.goodput,
+            )
             for run in runs
         ],
-    }
+    )
 
 
 # The baseline, the budgets, a width at least, and the baseline again to confirm a winner.

@@ -22,8 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from pagoda import contract
-from pagoda.runtime.models import sources
+from pagoda.contract.payloads import AdapterEntry, AdapterList, AdapterSource
+from pagoda.runtime.models import modeluri, sources
 from pagoda.runtime.serving.apierrors import openai_error
 from pagoda.runtime.serving.lora import (
     AdapterError,
@@ -57,18 +60,20 @@ class Adapter:
     loaded_at: float | None = None
     revision: str | None = None  # hub revision of an hf:// source; None: the default branch
 
-    def as_json(self, tracker: AdapterTracker) -> dict[str, Any]:
-        body: dict[str, Any] = {"name": self.name, "source": self.source, "state": self.state}
+    def payload(self, tracker: AdapterTracker) -> AdapterEntry:
+        """What the adapters API says of it (contract/payloads.py): the fields its state has, even when null
+        (a Loaded adapter's path, a Failed one's reason)."""
+        fields: dict[str, Any] = {"name": self.name, "source": self.source, "state": self.state}
         if self.revision is not None:
-            body["revision"] = self.revision
+            fields["revision"] = self.revision
         if self.state in (LOADED, UNLOADING):
             counts = tracker.counts.get(self.name)
-            body |= {"path": self.path, "rank": self.rank, "loadedAt": self.loaded_at}
-            body |= {"inFlight": tracker.in_flight.get(self.lora_id or 0, 0)}
-            body |= {"requests": counts.requests if counts else 0}
+            fields |= {"path": self.path, "rank": self.rank, "loaded_at": self.loaded_at}
+            fields |= {"in_flight": tracker.in_flight.get(self.lora_id or 0, 0)}
+            fields |= {"requests": counts.requests if counts else 0}
         if self.state == FAILED:
-            body |= {"reason": self.reason, "error": self.error}
-        return body
+            fields |= {"reason": self.reason, "error": self.error}
+        return AdapterEntry(**fields)
 
 
 class AdapterManager:
@@ -91,14 +96,11 @@ class AdapterManager:
             self.max_rank, self.max_adapters = lora_config.max_lora_rank, lora_config.max_cpu_loras
             engine.adapter_tracker = self.tracker
 
-    def describe(self) -> dict[str, Any]:
-        adapters = [a.as_json(self.tracker) for a in sorted(self.adapters.values(), key=lambda a: a.name)]
-        return {
-            "enabled": self.enabled,
-            "maxAdapters": self.max_adapters,
-            "maxRank": self.max_rank,
-            "adapters": adapters,
-        }
+    def describe(self) -> AdapterList:
+        adapters = [a.payload(self.tracker) for a in sorted(self.adapters.values(), key=lambda a: a.name)]
+        return AdapterList(
+            enabled=self.enabled, max_adapters=self.max_adapters, max_rank=self.max_rank, adapters=adapters
+        )
 
     def get(self, name: str) -> Adapter:
         adapter = self.adapters.get(name)
@@ -200,8 +202,8 @@ class AdapterManager:
         """Blocking: download (hf://, s3://; an hf:// source at `revision`) and check the adapter's
         directory."""
         try:
-            path = sources.fetch(sources.parse_model_uri(source), self.cache_dir, revision)
-        except sources.ModelSourceError as exc:
+            path = sources.fetch(modeluri.parse_model_uri(source), self.cache_dir, revision)
+        except modeluri.ModelSourceError as exc:
             kind = "AdapterSourceNotFound" if exc.reason == "ModelNotFound" else "AdapterDownloadFailed"
             message = str(exc).removeprefix("model ").replace(source, described(source, revision), 1)
             raise AdapterError(f"adapter {name}: {message}", kind, 422) from None
@@ -275,7 +277,7 @@ def management_app(manager: AdapterManager) -> Any:
         return JSONResponse(openai_error(str(exc), exc.status, exc.kind), status_code=exc.status)
 
     async def list_adapters(request: Request) -> JSONResponse:
-        return JSONResponse(manager.describe())
+        return JSONResponse(manager.describe().wire())
 
     async def one_adapter(request: Request) -> JSONResponse:
         name = request.path_params["name"]
@@ -284,12 +286,13 @@ def management_app(manager: AdapterManager) -> Any:
                 adapter = manager.get(name)
             elif request.method == "DELETE":
                 adapter = await manager.unload(name)
-                return JSONResponse(adapter.as_json(manager.tracker) | {"state": "Unloaded"})
+                unloaded = adapter.payload(manager.tracker).model_copy(update={"state": "Unloaded"})
+                return JSONResponse(unloaded.wire())
             else:
                 adapter = await manager.load(name, *await _source(request, name))
         except AdapterError as exc:
             return error(exc)
-        return JSONResponse(adapter.as_json(manager.tracker))
+        return JSONResponse(adapter.payload(manager.tracker).wire())
 
     return Router(
         routes=[
@@ -300,18 +303,19 @@ def management_app(manager: AdapterManager) -> Any:
 
 
 async def _source(request: Any, name: str) -> tuple[str, str | None]:
-    """The PUT body: {"source": "<URI>"}, and "revision" for an hf:// source."""
+    """The PUT body (contract/payloads.py AdapterSource): {"source": "<URI>"}, and "revision" for an hf://
+    source."""
     try:
-        body = await request.json()
-    except ValueError:
+        body = AdapterSource.model_validate_json(await request.body())
+    except ValidationError as exc:
+        if [error["loc"] for error in exc.errors()] == [("revision",)]:
+            raise AdapterError(
+                f"adapter {name}: revision must be a string (a branch, tag or commit)"
+            ) from None
         body = None
-    if not isinstance(body, dict) or not isinstance(body.get("source"), str) or not body["source"]:
+    if body is None or not body.source:
         raise AdapterError(
             f'adapter {name}: send a JSON body {{"source": "<URI>"}} (file://, pvc://, hf://, s3://), with '
             '"revision" for an hf:// source'
         )
-    revision = body.get("revision")
-    if revision is not None and not isinstance(revision, str):
-        raise AdapterError(f"adapter {name}: revision must be a string (a branch, tag or commit)")
-    source: str = body["source"]
-    return source, revision
+    return body.source, body.revision

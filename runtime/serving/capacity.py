@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagoda import contract
+from pagoda.contract import payloads
 
 PATH = contract.CAPACITY_PATH
 
@@ -29,18 +30,26 @@ class KvCacheCapacity:
     max_num_seqs: int | None = None  # sequences in one engine step, at most
     max_num_batched_tokens: int | None = None  # tokens in one engine step, at most
 
-    def as_json(self) -> dict[str, int | float]:
-        body: dict[str, int | float] = {
-            "kvCacheTokens": self.tokens,
-            "maxModelLen": self.max_model_len,
-            "maxConcurrency": self.max_concurrency,
-            "blockSize": self.block_size,
+    def payload(
+        self,
+        startup: payloads.StartupRecord | None = None,
+        model_cache: payloads.ModelCacheReport | None = None,
+    ) -> payloads.Capacity:
+        """What /v1/pagoda/capacity answers: these numbers, with the start-up record and the model cache
+        when there are (server.py); a batch limit vLLM did not report is left out."""
+        optional: dict[str, Any] = {
+            "max_num_seqs": self.max_num_seqs,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
+            "startup": startup,
+            "model_cache": model_cache,
         }
-        if self.max_num_seqs is not None:
-            body["maxNumSeqs"] = self.max_num_seqs
-        if self.max_num_batched_tokens is not None:
-            body["maxNumBatchedTokens"] = self.max_num_batched_tokens
-        return body
+        return payloads.Capacity(
+            kv_cache_tokens=self.tokens,
+            max_model_len=self.max_model_len,
+            max_concurrency=self.max_concurrency,
+            block_size=self.block_size,
+            **{name: value for name, value in optional.items() if value is not None},
+        )
 
 
 def from_vllm_config(vllm_config: Any) -> KvCacheCapacity | None:

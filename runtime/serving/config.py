@@ -22,7 +22,7 @@ from pydantic import (
 from pagoda import contract
 from pagoda.contract import management, vllmflags
 from pagoda.contract.chattemplate import compile_error
-from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri
+from pagoda.runtime.models.modeluri import ModelSourceError, parse_model_uri
 from pagoda.runtime.serving.lora import AdapterError, parse_lora_flag
 
 BLOCK_SIZES, LORA_RANKS = contract.BLOCK_SIZES, contract.LORA_RANKS

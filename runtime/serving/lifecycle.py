@@ -21,7 +21,7 @@ import psutil  # type: ignore[import-untyped,unused-ignore]
 import uvicorn
 
 from pagoda.contract import management
-from pagoda.runtime.models import sources
+from pagoda.runtime.models import modeluri, sources
 from pagoda.runtime.models.modelcache import ModelCache
 from pagoda.runtime.serving import capacity, enginefailure, metrics, routes, signals, termination
 from pagoda.runtime.serving import engine as eng
@@ -191,7 +191,7 @@ class Runtime:
         if self.stop.is_set():
             log.info("Stopped before loading model=%s", self.config.model)
             return
-        source = sources.parse_model_uri(self.config.model)
+        source = modeluri.parse_model_uri(self.config.model)
         args, config = self.vllm_args, self.config
         report = enginefailure.prepare_report()  # before any engine process starts
 
@@ -231,7 +231,7 @@ class Runtime:
             self.state.engine_registry = _engine_registry()
         except Exception as exc:
             log.error("Failed to load model uri=%s error=%s: %s", config.model, type(exc).__name__, exc)
-            if isinstance(exc, sources.ModelSourceError):
+            if isinstance(exc, modeluri.ModelSourceError):
                 fatal = termination.model_source(exc.reason, str(exc))
             else:
                 root = enginefailure.read_report(report)

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from pagoda import contract
-from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri, safetensors_header
+from pagoda.runtime.models.modeluri import ModelSourceError, parse_model_uri
+from pagoda.runtime.models.sources import safetensors_header
 
 # Adapter names (what clients send as `model`): short, and usable in Kubernetes names and label values.
 NAME = re.compile(contract.ADAPTER_NAME_PATTERN)

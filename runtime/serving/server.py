@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from pagoda import contract
-from pagoda.contract import management
+from pagoda.contract import management, payloads
 from pagoda.runtime.serving import capacity, metrics, routes
 from pagoda.runtime.serving.adapters import AdapterManager
 from pagoda.runtime.serving.apierrors import openai_error
@@ -218,13 +218,12 @@ class PagodaApp:
             )
             await _send_json(send, 503, loading, [(b"retry-after", RETRY_AFTER_LOADING.encode())])
             return
-        clock = self.state.status.startup
-        body: dict[str, Any] = dict(kv.as_json())
-        if clock is not None and clock.ready_at is not None:
-            body["startup"] = clock.as_json()
-        if self.state.status.model_cache is not None:
-            body["modelCache"] = self.state.status.model_cache.report()
-        await _send_json(send, 200, body, [])
+        clock, cache = self.state.status.startup, self.state.status.model_cache
+        body = kv.payload(
+            clock.payload() if clock is not None and clock.ready_at is not None else None,
+            payloads.ModelCacheReport.model_validate(cache.report()) if cache is not None else None,
+        )
+        await _send_json(send, 200, body.wire(), [])
 
     async def _management(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A management call: its body read (it is small), its signature checked, then the adapters API."""

@@ -39,6 +39,7 @@ from typing import Any
 import psutil  # type: ignore[import-untyped,unused-ignore]
 
 from pagoda import contract
+from pagoda.contract import payloads
 from pagoda.runtime.serving.enginefailure import FileReport, add_vllm_handler, prepare_file
 
 PHASES = contract.STARTUP_PHASES
@@ -175,20 +176,19 @@ class StartupClock:
     def total(self) -> float:
         return sum(self.phases.values())
 
-    def as_json(self) -> dict[str, Any]:
+    def payload(self) -> payloads.StartupRecord:
         """What /v1/pagoda/capacity reports under `startup` (once ready)."""
-        body: dict[str, Any] = {
-            "startedAt": contract.rfc3339(self.started_at),
-            "seconds": round(self.total(), 3),
-            "phases": {name: round(self.phases[name], 3) for name in PHASES if name in self.phases},
+        optional: dict[str, Any] = {
+            "ready_at": contract.rfc3339(self.ready_at) if self.ready_at is not None else None,
+            "model_bytes": self.model_bytes,
+            "fetched_bytes": self.fetched_bytes,
         }
-        if self.ready_at is not None:
-            body["readyAt"] = contract.rfc3339(self.ready_at)
-        if self.model_bytes is not None:
-            body["modelBytes"] = self.model_bytes
-        if self.fetched_bytes is not None:
-            body["fetchedBytes"] = self.fetched_bytes
-        return body
+        return payloads.StartupRecord(
+            started_at=contract.rfc3339(self.started_at),
+            seconds=round(self.total(), 3),
+            phases={name: round(self.phases[name], 3) for name in PHASES if name in self.phases},
+            **{name: value for name, value in optional.items() if value is not None},
+        )
 
     def summary(self) -> str:
         """One line for a log or a termination message: `imports 14.2s, modelFetch 3.1s (12 MB)`."""

@@ -102,7 +102,7 @@ _MODEL_HINTS = {
 
 
 def model_source(reason: str, message: str) -> Fatal:
-    """A model that cannot be resolved (sources.ModelSourceError's reason and text)."""
+    """A model that cannot be resolved (modeluri.ModelSourceError's reason and text)."""
     hint = _MODEL_HINTS.get(reason, "fix spec.model.uri")
     return Fatal(reason, f"{_quote(message)} (spec.model.uri); {hint}")
 

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from pagoda.contract import IMAGE_MODEL_NAME, default_served_name
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api.rules import MODEL_URI_PATTERN, MSG_ADAPTER_SERVED_NAME
-from pagoda.operator.resources import desired_children
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children
 from tests.repo import REPO
 
 CRD = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
@@ -231,9 +231,8 @@ def test_api_server_and_pydantic_agree_and_every_accepted_spec_builds(
             assert _names_one(refused, _fields(messages)), (refused, messages)
             return
         assert parsed is not None
-        for child in desired_children(
-            "gen", namespace, parsed, management_key="key", trusted_namespaces=("m",)
-        ):
+        settings = OperatorSettings(management_key="key", trusted_namespaces=("m",))
+        for child in desired_children("gen", namespace, parsed, ChildInputs(settings)):
             try:
                 resource = children_api.resources.get(api_version=child["apiVersion"], kind=child["kind"])
             except ResourceNotFoundError:  # a kind whose CRD tier 2 does not install (the InferencePool)

@@ -37,7 +37,7 @@ def test_autoscaling_on_and_off(
     (trigger,) = [t for t in scaled["spec"]["triggers"] if "pagoda_queue_depth" in t["metadata"]["query"]]
     assert f'namespace="{namespace}"' in trigger["metadata"]["query"]
     assert 'service="auto"' in trigger["metadata"]["query"]
-    # Created at minReplicas (reconcile/core.py start_at_min_replicas), then the field is handed to the HPA.
+    # Created at minReplicas (reconcile/desired.py start_at_min_replicas), then the field goes to the HPA.
     deployment = wait_until(
         lambda: (d := raw.get("apps/v1", "deployments", namespace, "auto")) and not owns_replicas(d) and d,
         "the Deployment, its replicas released to KEDA/HPA",
@@ -125,7 +125,7 @@ def test_turning_autoscaling_on_keeps_the_replicas_it_has(
     operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
 ) -> None:
     """An apply that leaves out spec.replicas would reset it to 1 (the operator's release of the field):
-    the operator hands the count over first (reconcile/core.py hand_over_replicas). Sampled every 100 ms."""
+    the operator hands the count over first (reconcile/apply.py hand_over_replicas). Sampled every 100 ms."""
     create_ready(kube, "handover", namespace, replicas=3)
     seen: list[int] = []
     stop = threading.Event()
@@ -163,7 +163,7 @@ def test_turning_autoscaling_on_keeps_the_replicas_it_has(
 def test_a_new_autoscaled_service_starts_at_its_minimum(
     operator: OperatorProcess, kube: client.CustomObjectsApi, raw: Kube, namespace: str
 ) -> None:
-    """Created at autoscaling.minReplicas, not at the API server's default of 1 (reconcile/core.py
+    """Created at autoscaling.minReplicas, not at the API server's default of 1 (reconcile/desired.py
     start_at_min_replicas), then handed to the autoscaler. No KEDA runs in this tier: nothing else sets it."""
     autoscaling = {"minReplicas": 2, "maxReplicas": 4, "targetQueueDepth": 5}
     monitoring = {"serviceMonitor": {"enabled": True}}

@@ -22,9 +22,10 @@ from minio.datatypes import Object
 from minio.error import S3Error
 
 from e2e.lab.minio import USER, MinioServer
-from pagoda.runtime.models import sources
+from pagoda.runtime.models import s3store
 from pagoda.runtime.models.modelcache import ModelCache
-from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri, resolve
+from pagoda.runtime.models.modeluri import ModelSourceError, parse_model_uri
+from pagoda.runtime.models.sources import resolve
 from tests.repo import REPO
 
 pytestmark = pytest.mark.runtime
@@ -69,7 +70,7 @@ def test_s3_model_arrives_byte_identical_and_is_kept_on_the_next_start(
     uri = f"s3://{BUCKET}/{PREFIX}"
     with caplog.at_level(logging.INFO, logger="pagoda.runtime.models.sources"):
         path = resolve(parse_model_uri(uri), str(tmp_path))
-    assert path == sources.s3_folder(parse_model_uri(uri), tmp_path)
+    assert path == s3store.s3_folder(parse_model_uri(uri), tmp_path)
     assert path.relative_to(tmp_path).parts[1].startswith("127.0.0.1_")  # the store's folder
     assert tree(path) == expected
     size = sum(len(data) for data in expected.values())
@@ -94,7 +95,7 @@ def test_s3_runtimes_sharing_a_cache_download_a_model_once(
     with ThreadPoolExecutor(3) as pool:
         results = list(pool.map(lambda cache: cache.fetch(parse_model_uri(uri), None), caches))
     assert sorted(r.bytes_moved for r in results) == [0, 0, size]
-    assert {r.path for r in results} == {sources.s3_folder(parse_model_uri(uri), tmp_path)}
+    assert {r.path for r in results} == {s3store.s3_folder(parse_model_uri(uri), tmp_path)}
     assert tree(results[0].path) == expected
     assert ModelCache(tmp_path).report()["models"] == [
         {"uri": uri, "bytes": size, "inUse": True, "lastUsed": ANY}
@@ -114,7 +115,7 @@ def test_s3_wrong_credentials_name_the_uri(
     ):
         resolve(parse_model_uri(f"s3://{BUCKET}/{PREFIX}"), str(tmp_path))
     assert not (
-        sources.s3_folder(parse_model_uri(f"s3://{BUCKET}/{PREFIX}"), tmp_path) / "config.json"
+        s3store.s3_folder(parse_model_uri(f"s3://{BUCKET}/{PREFIX}"), tmp_path) / "config.json"
     ).exists()
 
 
@@ -151,7 +152,7 @@ def test_s3_key_leaving_the_cache_is_refused_before_any_download(
     ]
 
     extra = [key]
-    real_client = sources._s3_client
+    real_client = s3store._s3_client
 
     def client_listing_extra_keys(uri: str) -> Any:
         client = real_client(uri)
@@ -164,8 +165,8 @@ def test_s3_key_leaving_the_cache_is_refused_before_any_download(
         client.list_objects = list_objects
         return client
 
-    monkeypatch.setattr(sources, "_s3_client", client_listing_extra_keys)
-    target = sources.s3_folder(parse_model_uri(f"s3://{BUCKET}/p"), tmp_path)
+    monkeypatch.setattr(s3store, "_s3_client", client_listing_extra_keys)
+    target = s3store.s3_folder(parse_model_uri(f"s3://{BUCKET}/p"), tmp_path)
     would_write = Path(os.path.normpath(target / key.removeprefix("p/")))
     with pytest.raises(ModelSourceError) as caught:
         resolve(parse_model_uri(f"s3://{BUCKET}/p"), str(tmp_path))

@@ -22,7 +22,7 @@ from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.kube.client import KubeError
 from pagoda.operator.reconcile import core
 from pagoda.operator.reconcile.chattemplate import read_chat_template
-from pagoda.operator.resources import RestartStamps, desired_children
+from pagoda.operator.resources import ChildInputs, RestartStamps, desired_children
 from pagoda.operator.resources.chattemplate import (
     CHAT_TEMPLATE_HASH_ANNOTATION,
     CHAT_TEMPLATE_PATH,
@@ -172,7 +172,7 @@ def runtime_pod(children: list[Obj]) -> Obj:
 
 
 def test_a_config_map_template_builds_the_copy_the_volume_the_mount_the_flag_and_the_hash() -> None:
-    children = desired_children("llm", "ns", spec_with(REF), chat_template=GOOD)
+    children = desired_children("llm", "ns", spec_with(REF), ChildInputs(chat_template=GOOD))
     kinds = [c["kind"] for c in children]
     assert kinds.index("ConfigMap") < kinds.index("Deployment")  # the copy before its pods
     copy_ = by_kind(children)["ConfigMap"]
@@ -194,8 +194,8 @@ def test_a_config_map_template_builds_the_copy_the_volume_the_mount_the_flag_and
 
 
 def test_a_changed_template_changes_only_the_copy_and_the_hash() -> None:
-    before = desired_children("llm", "ns", spec_with(REF), chat_template=GOOD)
-    after = desired_children("llm", "ns", spec_with(REF), chat_template=TINY)
+    before = desired_children("llm", "ns", spec_with(REF), ChildInputs(chat_template=GOOD))
+    after = desired_children("llm", "ns", spec_with(REF), ChildInputs(chat_template=TINY))
     assert by_kind(after)["ConfigMap"]["data"] == {"chat-template.jinja": TINY}
     old, new = runtime_pod(before), runtime_pod(after)
     assert old["metadata"]["annotations"] != new["metadata"]["annotations"]  # rolls the pods
@@ -204,7 +204,7 @@ def test_a_changed_template_changes_only_the_copy_and_the_hash() -> None:
 
 def test_an_inline_template_builds_the_same_way() -> None:
     inline = desired_children("llm", "ns", spec_with({"inline": GOOD}))
-    from_config_map = desired_children("llm", "ns", spec_with(REF), chat_template=GOOD)
+    from_config_map = desired_children("llm", "ns", spec_with(REF), ChildInputs(chat_template=GOOD))
     assert inline == from_config_map
 
 
@@ -219,7 +219,9 @@ def test_without_a_chat_template_nothing_of_it_is_built() -> None:
 
 def test_the_hash_and_a_scheduled_restart_share_the_annotations() -> None:
     stamps = RestartStamps(NOW, NOW)
-    template = runtime_pod(desired_children("llm", "ns", spec_with(REF), stamps=stamps, chat_template=GOOD))
+    template = runtime_pod(
+        desired_children("llm", "ns", spec_with(REF), ChildInputs(stamps=stamps, chat_template=GOOD))
+    )
     assert set(template["metadata"]["annotations"]) == {
         CHAT_TEMPLATE_HASH_ANNOTATION,
         RESTARTED_AT_ANNOTATION,

@@ -13,8 +13,10 @@ from typing import Any
 import pytest
 
 from pagoda.runtime import cli
-from pagoda.runtime.profiling import profile
-from pagoda.runtime.profiling.profile import MAX_RESULT_BYTES, Slo, summarize
+from pagoda.runtime.profiling import config as flags
+from pagoda.runtime.profiling import guidellm
+from pagoda.runtime.profiling.config import Slo
+from pagoda.runtime.profiling.result import MAX_RESULT_BYTES, result_json, summarize
 
 REPORT = json.loads((Path(__file__).parent / "profile_guidellm_report.json").read_text())
 GENEROUS = Slo(ttft_ms=10_000.0, inter_token_ms=1_000.0)
@@ -35,6 +37,11 @@ def p95(benchmark: dict[str, Any], metric: str) -> float:
     return float(benchmark["metrics"][metric]["successful"]["percentiles"]["p95"])
 
 
+def summary(report: dict[str, Any], slo: Slo, prompt_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """The result as the termination message carries it (result.py summarize, as JSON)."""
+    return summarize(report, slo, prompt_tokens, output_tokens).wire()
+
+
 def report_with(edit: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The real report with, per benchmark index, request totals or p95s replaced."""
     report = copy.deepcopy(REPORT)
@@ -49,7 +56,7 @@ def report_with(edit: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_the_real_report_within_a_generous_slo_reaches_the_last_step() -> None:
-    result = summarize(REPORT, GENEROUS, 64, 16)
+    result = summary(REPORT, GENEROUS, 64, 16)
     assert set(result) == KEYS
     assert result["slo"] == {"ttftMs": 10_000.0, "interTokenMs": 1_000.0}
     assert result["shape"] == {"promptTokens": 64, "outputTokens": 16}
@@ -73,7 +80,7 @@ def test_the_real_report_within_a_generous_slo_reaches_the_last_step() -> None:
 def test_the_highest_step_within_the_ttft_objective_is_chosen() -> None:
     second, third = (p95(b, "time_to_first_token_ms") for b in REPORT["benchmarks"][1:])
     assert second < third  # the real curve: latency grows with concurrency
-    result = summarize(REPORT, Slo(ttft_ms=(second + third) / 2, inter_token_ms=1_000.0), 64, 16)
+    result = summary(REPORT, Slo(ttft_ms=(second + third) / 2, inter_token_ms=1_000.0), 64, 16)
     assert [step["meetsSlo"] for step in result["steps"]] == [True, True, False]
     assert result["concurrency"] == 2
     assert result["requestsPerSecond"] == result["steps"][1]["requestsPerSecond"]
@@ -81,14 +88,14 @@ def test_the_highest_step_within_the_ttft_objective_is_chosen() -> None:
 
 def test_the_inter_token_objective_counts_too() -> None:
     first = p95(REPORT["benchmarks"][0], "inter_token_latency_ms")
-    result = summarize(REPORT, Slo(ttft_ms=10_000.0, inter_token_ms=first * 0.5), 64, 16)
+    result = summary(REPORT, Slo(ttft_ms=10_000.0, inter_token_ms=first * 0.5), 64, 16)
     assert not any(step["meetsSlo"] for step in result["steps"])
     assert result["concurrency"] is None
 
 
 def test_a_first_step_that_fails_gives_null_even_when_later_ones_pass() -> None:
     report = report_with({0: {"time_to_first_token_ms": 20_000.0}})
-    result = summarize(report, GENEROUS, 64, 16)
+    result = summary(report, GENEROUS, 64, 16)
     assert [step["meetsSlo"] for step in result["steps"]] == [False, True, True]
     assert result["concurrency"] is None
     assert result["requestsPerSecond"] is None and result["outputTokensPerSecond"] is None
@@ -97,22 +104,22 @@ def test_a_first_step_that_fails_gives_null_even_when_later_ones_pass() -> None:
 
 def test_counting_stops_at_the_first_failing_step() -> None:
     report = report_with({1: {"inter_token_latency_ms": 5_000.0}})
-    result = summarize(report, GENEROUS, 64, 16)
+    result = summary(report, GENEROUS, 64, 16)
     assert [step["meetsSlo"] for step in result["steps"]] == [True, False, True]
     assert result["concurrency"] == 1
 
 
 def test_errors_over_five_percent_fail_a_step_and_five_percent_does_not() -> None:
-    over = summarize(report_with({1: {"successful": 94, "errored": 6}}), GENEROUS, 64, 16)
+    over = summary(report_with({1: {"successful": 94, "errored": 6}}), GENEROUS, 64, 16)
     assert over["steps"][1]["errors"] == 6 and over["steps"][1]["requests"] == 100
     assert over["steps"][1]["meetsSlo"] is False and over["concurrency"] == 1
-    at_limit = summarize(report_with({1: {"successful": 95, "errored": 5}}), GENEROUS, 64, 16)
+    at_limit = summary(report_with({1: {"successful": 95, "errored": 5}}), GENEROUS, 64, 16)
     assert at_limit["steps"][1]["meetsSlo"] is True and at_limit["concurrency"] == 4
 
 
 def test_a_step_without_a_successful_request_fails_though_its_p95s_read_zero() -> None:
     zero = {"successful": 0, "errored": 0, "time_to_first_token_ms": 0.0, "inter_token_latency_ms": 0.0}
-    result = summarize(report_with({0: zero}), GENEROUS, 64, 16)
+    result = summary(report_with({0: zero}), GENEROUS, 64, 16)
     assert result["steps"][0]["requests"] == 0 and result["steps"][0]["meetsSlo"] is False
     assert result["concurrency"] is None
 
@@ -120,7 +127,7 @@ def test_a_step_without_a_successful_request_fails_though_its_p95s_read_zero() -
 def test_the_result_fits_a_termination_message_with_the_most_steps_and_long_numbers() -> None:
     template = REPORT["benchmarks"][0]
     benchmarks = []
-    for index in range(profile.MAX_STEPS):
+    for index in range(flags.MAX_STEPS):
         benchmark = copy.deepcopy(template)
         benchmark["config"]["strategy"]["streams"] = 1000 + index
         metrics = benchmark["metrics"]
@@ -131,11 +138,12 @@ def test_the_result_fits_a_termination_message_with_the_most_steps_and_long_numb
             metrics[name]["successful"]["mean"] = 98765.4321987654
         benchmarks.append(benchmark)
     slo = Slo(ttft_ms=1e9 + 0.123456789, inter_token_ms=1e9 + 0.987654321)
-    result = summarize({"benchmarks": benchmarks}, slo, 131072, 32768)
-    data = profile.result_json(result)
+    measured = summarize({"benchmarks": benchmarks}, slo, 131072, 32768)
+    data = result_json(measured)
     assert len(data) <= MAX_RESULT_BYTES and b"\n" not in data
-    assert json.loads(data) == result
-    assert len(result["steps"]) == profile.MAX_STEPS  # rounding, not dropping, keeps it short
+    result = json.loads(data)
+    assert result == measured.wire()
+    assert len(result["steps"]) == flags.MAX_STEPS  # rounding, not dropping, keeps it short
     assert result["steps"][0]["ttftP95Ms"] == 123500.0 and result["concurrency"] == 1019
 
 
@@ -143,8 +151,8 @@ def test_steps_past_the_bound_are_dropped_from_the_end_after_the_choice() -> Non
     many = [copy.deepcopy(REPORT["benchmarks"][0]) for _ in range(60)]
     for index, benchmark in enumerate(many):
         benchmark["config"]["strategy"]["streams"] = index + 1
-    result = summarize({"benchmarks": many}, GENEROUS, 64, 16)
-    assert len(profile.result_json(result)) <= MAX_RESULT_BYTES
+    result = summary({"benchmarks": many}, GENEROUS, 64, 16)
+    assert len(json.dumps(result, separators=(",", ":"))) <= MAX_RESULT_BYTES
     assert 1 < len(result["steps"]) < 60
     assert [step["concurrency"] for step in result["steps"]] == list(range(1, len(result["steps"]) + 1))
     assert result["concurrency"] == 60  # chosen from every step, even those left out of the list
@@ -166,14 +174,14 @@ def test_serve_gets_every_flag_but_the_profiles() -> None:
         "--guidellm", "/g", "--tokenizer", "/t", "--target", "http://x", "--max-num-seqs", "4",
         "--prompt-tokens", "8", "--output-tokens", "4", "--tune-engine", "--tune-max-runs", "3",
     ]  # fmt: skip
-    assert profile.serve_argv(argv) == [
+    assert flags.serve_argv(argv) == [
         "--model", "file:///m", "--port", "8001", "--enable-lora", "--max-num-seqs", "4"
     ]  # fmt: skip
 
 
 def test_guidellm_runs_offline_on_the_local_tokenizer_with_the_design_notes_settings(tmp_path: Path) -> None:
-    config = profile.ProfileConfig(Slo(1, 1), 256, 128, (1, 2, 4), 30.0, "/r", None, None, "/g")
-    cmd = profile.guidellm_command(config, "http://127.0.0.1:8000", "tiny", "/models/tiny", tmp_path / "r")
+    config = flags.ProfileConfig(Slo(1, 1), 256, 128, (1, 2, 4), 30.0, "/r", None, None, "/g")
+    cmd = guidellm.guidellm_command(config, "http://127.0.0.1:8000", "tiny", "/models/tiny", tmp_path / "r")
     args = {cmd[i]: cmd[i + 1] for i in range(2, len(cmd) - 1) if cmd[i].startswith("--")}
     assert cmd[:3] == ["/g", "run", "--disable-console-interactive"]
     backend = json.loads(args["--backend"])
@@ -271,11 +279,11 @@ def test_the_objectives_are_required(
 def test_without_guidellm_anywhere_the_error_says_where_to_put_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.delenv(profile.GUIDELLM_ENV, raising=False)
+    monkeypatch.delenv(flags.GUIDELLM_ENV, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     code = run_cli(tmp_path, *GOOD, "--result", str(tmp_path / "result"), defaults=False)
     err = capsys.readouterr().err
-    assert code == 2 and f"--guidellm: no GuideLLM found (set ${profile.GUIDELLM_ENV}" in err
+    assert code == 2 and f"--guidellm: no GuideLLM found (set ${flags.GUIDELLM_ENV}" in err
 
 
 def test_the_result_defaults_to_the_termination_message_path(
@@ -283,16 +291,16 @@ def test_the_result_defaults_to_the_termination_message_path(
 ) -> None:
     ns = cli._parser().parse_args(["profile", "--model", "file:///m", *GOOD, "--guidellm", sys.executable])
     monkeypatch.setenv("PAGODA_TERMINATION_MESSAGE_PATH", str(tmp_path / "message"))
-    assert profile.profile_config(ns).result == str(tmp_path / "message")
+    assert flags.profile_config(ns).result == str(tmp_path / "message")
     monkeypatch.delenv("PAGODA_TERMINATION_MESSAGE_PATH")
-    config = profile.profile_config(ns)
+    config = flags.profile_config(ns)
     assert config.result == "/dev/termination-log"
     assert (config.prompt_tokens, config.output_tokens, config.step_seconds) == (256, 128, 30.0)
     assert config.streams == (1, 2, 4, 8, 16) and config.target is None
 
 
 def test_guidellm_gets_a_worker_per_core_at_most_ten(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(profile.os, "sched_getaffinity", lambda pid: set(range(2)))
-    assert profile.guidellm_workers() == 2  # not GuideLLM's 10 on this 2-core machine
-    monkeypatch.setattr(profile.os, "sched_getaffinity", lambda pid: set(range(96)))
-    assert profile.guidellm_workers() == profile.MAX_GUIDELLM_WORKERS == 10
+    monkeypatch.setattr(guidellm.os, "sched_getaffinity", lambda pid: set(range(2)))
+    assert guidellm.guidellm_workers() == 2  # not GuideLLM's 10 on this 2-core machine
+    monkeypatch.setattr(guidellm.os, "sched_getaffinity", lambda pid: set(range(96)))
+    assert guidellm.guidellm_workers() == guidellm.MAX_GUIDELLM_WORKERS == 10

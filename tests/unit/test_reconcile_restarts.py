@@ -25,7 +25,7 @@ from pagoda.operator.reconcile.restarts import (
     next_restart,
     plan,
 )
-from pagoda.operator.resources import RestartStamps, desired_children
+from pagoda.operator.resources import ChildInputs, RestartStamps, desired_children
 from pagoda.operator.resources.meta import RESTART_SCHEDULE_SINCE_ANNOTATION, RESTARTED_AT_ANNOTATION
 from pagoda.operator.status.times import rfc3339
 
@@ -315,7 +315,7 @@ def test_the_builders_carry_the_annotations_only_when_given() -> None:
         "annotations" not in plain["metadata"] and "annotations" not in plain["spec"]["template"]["metadata"]
     )
     stamped = deployment_of(
-        desired_children("llm", "ns", spec, stamps=RestartStamps(NOW, "2026-11-30T00:00:00Z"))
+        desired_children("llm", "ns", spec, ChildInputs(stamps=RestartStamps(NOW, "2026-11-30T00:00:00Z")))
     )
     assert stamped["spec"]["template"]["metadata"]["annotations"] == {RESTARTED_AT_ANNOTATION: NOW}
     assert stamped["metadata"]["annotations"] == {RESTART_SCHEDULE_SINCE_ANNOTATION: "2026-11-30T00:00:00Z"}

@@ -15,7 +15,7 @@ from fakekube import StampingWrites, owner_object
 
 from pagoda.operator.api import InferenceServiceStatus
 from pagoda.operator.api.status import METRICS_UNAVAILABLE
-from pagoda.operator.reconcile import core
+from pagoda.operator.reconcile import core, state
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
 from pagoda.operator.resources.scaledobject import FALLBACK_FAILURES
 from pagoda.operator.status.report import Observed, compute_status
@@ -233,7 +233,7 @@ def test_write_status_records_the_warning_event(first: bool) -> None:
     held = status_of(scaled_object({"s0-prometheus": failing(4)}, "True"), read, LATER)
     previous = {**read, "conditions": read["conditions"][:4]} if first else read
     owner = {**owner_object(SPEC), "status": previous}
-    p = core.Pass(kube, None, owner, "ns", "llm", lambda: LATER, {}, [], [])  # type: ignore[arg-type]
+    p = state.Pass(kube, None, owner, "ns", "llm", lambda: LATER, {}, [], [])  # type: ignore[arg-type]
     core.write_status(p, held)
     assert [(e["type"], e["reason"]) for e in kube.events] == [("Warning", METRICS_UNAVAILABLE)]
     assert "in-flight" in kube.events[0]["message"]

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from pagoda.operator.api import InferenceServiceStatus
-from pagoda.operator.status.report import Observed, compute_status, status_changed
+from pagoda.operator.status.changes import status_changed
+from pagoda.operator.status.report import Observed, compute_status
 from pagoda.operator.status.scaling import autoscaling_status
 from pagoda.operator.status.sizing import cost_per_million_tokens, in_flight_total, sizing_status
 from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa

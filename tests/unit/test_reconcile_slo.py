@@ -15,11 +15,12 @@ from fakekube import StampingWrites, owner_object
 
 from pagoda.operator.api import InferenceServiceSpec, InferenceServiceStatus
 from pagoda.operator.api.scaling import DEFAULT_TARGET_IN_FLIGHT
-from pagoda.operator.reconcile import core
+from pagoda.operator.reconcile import core, desired, state
 from pagoda.operator.reconcile.profile import JOB_NAME_LABEL, profile_status
-from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE
+from pagoda.operator.resources import DEFAULT_SETTINGS
+from pagoda.operator.status.changes import status_patch
 from pagoda.operator.status.profile import slo_concurrency
-from pagoda.operator.status.report import Observed, compute_status, status_patch
+from pagoda.operator.status.report import Observed, compute_status
 from pagoda.operator.status.sizing import sizing_status
 from pagoda.operator.status.slo import MAX_ERROR_RATIO, closest_step, slo_condition, slo_event, target_at_slo
 from tests.unit.test_reconcile_scaling import SCALED_OBJECT, hpa
@@ -52,7 +53,7 @@ def step(concurrency: int, ttft: float, itl: float, errors: int = 0, requests: i
 
 
 def result(concurrency: int | None, steps: list[Obj]) -> str:
-    """The runtime's termination message (runtime/profiling/profile.py summarize)."""
+    """The runtime's termination message (runtime/profiling/result.py summarize)."""
     return json.dumps(
         {
             "slo": {"ttftMs": 500.0, "interTokenMs": 50.0},
@@ -113,9 +114,7 @@ def threshold(profile: Obj | None, autoscaling: Obj | None = None) -> int:
     """The in-flight threshold of the ScaledObject the operator builds with this status.profile."""
     spec = {**SPEC, "autoscaling": {**SPEC["autoscaling"], **(autoscaling or {})}}
     owner = {**owner_object(spec), "status": {"profile": profile} if profile else {}}
-    children = core.desired_state(
-        owner, InferenceServiceSpec.model_validate(spec), "ns", "llm", DEFAULT_RUNTIME_IMAGE
-    )
+    children = desired.desired_state(owner, InferenceServiceSpec.model_validate(spec), DEFAULT_SETTINGS)
     (scaled,) = [c for c in children if c["kind"] == "ScaledObject"]
     (trigger,) = [t for t in scaled["spec"]["triggers"] if t["name"] == "in-flight"]
     return int(trigger["metadata"]["threshold"])
@@ -272,7 +271,7 @@ def test_write_status_records_one_event_per_flip() -> None:
 
     def write(previous: Obj, status: Obj) -> None:
         owner = {**owner_object(SPEC), "status": previous}
-        p = core.Pass(kube, None, owner, "ns", "llm", lambda: LATER, {}, [], [])  # type: ignore[arg-type]
+        p = state.Pass(kube, None, owner, "ns", "llm", lambda: LATER, {}, [], [])  # type: ignore[arg-type]
         core.write_status(p, status)
 
     write({**unmet, "conditions": unmet["conditions"][:4]}, unmet)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pagoda.contract.payloads import Capacity, ModelCacheReport, StartupRecord
 from pagoda.operator.api import InferenceServiceStatus
 from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.kube.capacity import CapacityReader
@@ -41,7 +42,7 @@ def pod(name: str = "m-1", restarts: int = 0, ready: str = "2026-01-01T00:00:40Z
     }
 
 
-def report(**changes: Any) -> dict[str, Any]:
+def startup_json(**changes: Any) -> dict[str, Any]:
     # The process started 4 s after the pod was scheduled; ready 31.2 s later, 3.8 s before the Pod was.
     body = {
         "startedAt": "2026-01-01T00:00:05.000Z",
@@ -51,6 +52,11 @@ def report(**changes: Any) -> dict[str, Any]:
         "phases": dict(RUNTIME_PHASES),
     }
     return {**body, **changes}
+
+
+def report(**changes: Any) -> StartupRecord:
+    """The runtime's `startup` report as the operator reads it (contract/payloads.py)."""
+    return StartupRecord.model_validate(startup_json(**changes))
 
 
 def test_a_start_is_the_kubelets_phases_around_the_runtimes() -> None:
@@ -78,7 +84,9 @@ def test_a_start_is_the_kubelets_phases_around_the_runtimes() -> None:
 def test_only_a_first_start_with_a_sound_report_counts() -> None:
     assert record(pod(restarts=1), report()) is None  # restarted: its creation time is older than this run
     assert record(pod(), report(readyAt="soon")) is None
-    assert record(pod(), report(phases=["imports"])) is None
+    # A report that is not one reads as absent: the capacity still counts, no start is recorded.
+    answer = {"kvCacheTokens": 4096, "maxModelLen": 2048, "maxConcurrency": 2.0}
+    assert Capacity.model_validate({**answer, "startup": startup_json(phases=["imports"])}).startup is None
     unready = pod()
     unready["status"]["conditions"][1]["status"] = "False"
     assert record(unready, report()) is None
@@ -111,7 +119,7 @@ def test_recent_starts_their_medians_and_the_last() -> None:
 
 def test_the_capacity_answer_carries_the_start_and_the_status_model_takes_it() -> None:
     answer = {"kvCacheTokens": 4096, "maxModelLen": 2048, "maxConcurrency": 2.0, "blockSize": 16}
-    reader = CapacityReader(lambda url, timeout: {**answer, "startup": report()})
+    reader = CapacityReader(lambda url, timeout: {**answer, "startup": startup_json()})
     pods = [pod()]
     assert reader.startups(pods) == []  # not asked yet
     assert reader.status(pods) == {"kvCacheTokens": 4096, "maxModelLen": 2048, "maxConcurrency": 2.0}
@@ -188,7 +196,7 @@ def test_the_node_caches_go_into_the_status_per_node_newest_pod_first() -> None:
     status = {"conditions": [], "modelCache": caches}
     model = InferenceServiceStatus.model_validate(status)
     assert model.model_dump(by_alias=True, exclude_none=True) == status
-    assert model_cache_status([("a", {"models": "not a list"})]) == {
+    assert model_cache_status([("a", ModelCacheReport.model_validate({"models": "not a list"}))]) == {
         "nodes": [{"node": "a", "bytes": 0, "models": []}]
     }
     assert model_cache_status([]) is None

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.resources import desired_children
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 # An operator's public management key (resources/management.py), as every real pass has one.
@@ -27,7 +27,9 @@ HEADER = "# Children of examples/{stem}.yaml. Regenerate with `make golden`; rev
 def render(document: dict[str, Any]) -> str:
     spec = InferenceServiceSpec.model_validate(document["spec"])
     meta = document["metadata"]
-    children = desired_children(meta["name"], meta["namespace"], spec, management_key=PUBLIC_KEY)
+    children = desired_children(
+        meta["name"], meta["namespace"], spec, ChildInputs(OperatorSettings(management_key=PUBLIC_KEY))
+    )
     return yaml.safe_dump_all(children, sort_keys=False, width=120)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from pagoda.contract import HTTP_PORT
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.resources import desired_children, selector
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children, selector
 from pagoda.operator.resources.networkpolicy import NAMESPACE_NAME_LABEL
 from pagoda.operator.resources.routing import GRPC_PORT, HEALTH_PORT, METRICS_PORT, picker_selector
 
@@ -20,9 +20,8 @@ TRUSTED = ("pagoda-system", "monitoring", "llm")  # "llm", the service's own, ad
 
 
 def policies(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    built = desired_children(
-        "tiny", "llm", InferenceServiceSpec.model_validate(spec), trusted_namespaces=TRUSTED
-    )
+    inputs = ChildInputs(OperatorSettings(trusted_namespaces=TRUSTED))
+    built = desired_children("tiny", "llm", InferenceServiceSpec.model_validate(spec), inputs)
     return {child["metadata"]["name"]: child for child in built if child["kind"] == "NetworkPolicy"}
 
 

@@ -11,7 +11,7 @@ import pytest
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.model import NODE_CACHE_ROOT
 from pagoda.operator.api.rules import OPERATOR_ENV
-from pagoda.operator.resources import desired_children
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children
 from pagoda.operator.resources.pod import node_cache_host_path
 
 PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----
@@ -21,10 +21,8 @@ MCowBQYDK2VwAyEABJyO8IV3NuY1l+fAUATX9e3LNKd5Jk3iZNwUdNQ3cb4=
 
 
 def _pod(spec: dict[str, Any], namespace: str = "team-a", management: bool = False) -> dict[str, Any]:
-    key = PUBLIC_KEY if management else None
-    children = desired_children(
-        "llm", namespace, InferenceServiceSpec.model_validate(spec), management_key=key
-    )
+    inputs = ChildInputs(OperatorSettings(management_key=PUBLIC_KEY if management else None))
+    children = desired_children("llm", namespace, InferenceServiceSpec.model_validate(spec), inputs)
     [deployment] = [c for c in children if c["kind"] == "Deployment"]
     pod: dict[str, Any] = deployment["spec"]["template"]["spec"]
     return pod

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from pagoda.operator.api import AutoscalingSpec, InferenceServiceSpec, WarmWindow
 from pagoda.operator.api.scaling import WEEKDAYS
-from pagoda.operator.resources import desired_children
+from pagoda.operator.resources import ChildInputs, desired_children
 from pagoda.operator.resources.scaledobject import warm_trigger, warm_up_minutes
 
 WEEK = datetime(2026, 12, 7)  # a Monday
@@ -120,7 +120,7 @@ def test_the_scaled_object_carries_a_trigger_per_window_after_the_load_triggers(
             },
         }
     )
-    by_kind = {c["kind"]: c for c in desired_children("m", "ns", spec, typical_start=100.0)}
+    by_kind = {c["kind"]: c for c in desired_children("m", "ns", spec, ChildInputs(typical_start=100.0))}
     triggers = by_kind["ScaledObject"]["spec"]["triggers"]
     assert [t["name"] for t in triggers] == ["in-flight", "warm-0", "warm-1"]
     assert triggers[1]["metadata"]["start"] == "58 8 * * 0,1,2,3,4,5,6"  # 100 s measured: 2 minutes early
@@ -128,7 +128,9 @@ def test_the_scaled_object_carries_a_trigger_per_window_after_the_load_triggers(
     no_schedule = InferenceServiceSpec.model_validate(
         {**BASE, "autoscaling": {"maxReplicas": 4, "metricsSource": "External"}}
     )
-    by_kind = {c["kind"]: c for c in desired_children("m", "ns", no_schedule, typical_start=100.0)}
+    by_kind = {
+        c["kind"]: c for c in desired_children("m", "ns", no_schedule, ChildInputs(typical_start=100.0))
+    }
     assert [t["type"] for t in by_kind["ScaledObject"]["spec"]["triggers"]] == ["prometheus"]
 
 

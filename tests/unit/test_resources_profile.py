@@ -10,7 +10,7 @@ import pytest
 
 from pagoda.contract import TUNE_MAX_RUNS
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.resources import desired_children, selector
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children, selector
 from pagoda.operator.resources.deployment import deployment
 from pagoda.operator.resources.meta import OWNER_LABEL
 from pagoda.operator.resources.profile import MAX_NAME, profile_args, profile_job, with_engine_choice
@@ -137,11 +137,12 @@ def test_tune_engine_is_on_by_default_and_asks_the_runtime_to_tune(llama_spec: d
     assert "--tune-engine" not in args(spec_with(llama_spec, slo={**SLO, "tuneEngine": False}))
 
 
+RUNTIME_1 = OperatorSettings(default_image="runtime:1")
 CHOICE = {"maxNumBatchedTokens": 1024, "maxNumSeqs": 8, "goodput": 6.5, "baselineGoodput": 5.0}
 
 
 def replica_args(spec: InferenceServiceSpec, choice: dict[str, Any] | None) -> list[str]:
-    children = desired_children("llm", "ns", spec, "runtime:1", engine_choice=choice)
+    children = desired_children("llm", "ns", spec, ChildInputs(RUNTIME_1, engine_choice=choice))
     (deployment_,) = [child for child in children if child["kind"] == "Deployment"]
     return list(deployment_["spec"]["template"]["spec"]["containers"][0]["args"])
 
@@ -157,10 +158,10 @@ def test_the_replicas_run_the_choice_and_the_job_stays_as_it_was(llama_spec: dic
     so on for ever."""
     llama_spec = {**llama_spec, "engine": {**llama_spec.get("engine", {}), "maxNumSeqs": None}}
     spec = spec_with(llama_spec)
-    before = [c for c in desired_children("llm", "ns", spec, "runtime:1") if c["kind"] == "Job"]
+    before = [c for c in desired_children("llm", "ns", spec, ChildInputs(RUNTIME_1)) if c["kind"] == "Job"]
     after = [
         c
-        for c in desired_children("llm", "ns", spec, "runtime:1", engine_choice=CHOICE)
+        for c in desired_children("llm", "ns", spec, ChildInputs(RUNTIME_1, engine_choice=CHOICE))
         if c["kind"] == "Job"
     ]
     assert before == after

@@ -11,7 +11,15 @@ from fakekube import deployment_of
 
 from pagoda.contract import IMAGE_MODEL_DIR
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.resources import CHILD_KINDS, desired_children, labels, selector, selector_string
+from pagoda.operator.resources import (
+    CHILD_KINDS,
+    ChildInputs,
+    OperatorSettings,
+    desired_children,
+    labels,
+    selector,
+    selector_string,
+)
 from pagoda.operator.resources.pod import termination_grace_seconds
 from pagoda.runtime.models.sources import parse_model_uri
 
@@ -276,7 +284,12 @@ def test_image_override(llama_spec: dict[str, Any], image: str | None) -> None:
     if image:
         llama_spec["runtime"] = {"image": image}
     deployment = deployment_of(
-        desired_children("a", "b", InferenceServiceSpec.model_validate(llama_spec), default_image="d:1")
+        desired_children(
+            "a",
+            "b",
+            InferenceServiceSpec.model_validate(llama_spec),
+            ChildInputs(OperatorSettings(default_image="d:1")),
+        )
     )
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (image or "d:1")
 
@@ -341,7 +354,7 @@ def test_metric_slo_targets_a_share_of_the_measured_concurrency(
     llama_spec["slo"] = {"ttftMs": 500, "interTokenMs": 50}
     llama_spec["routing"] = {}
     spec = InferenceServiceSpec.model_validate(llama_spec)
-    children = desired_children("llama", "team-a", spec, slo_concurrency=measured)
+    children = desired_children("llama", "team-a", spec, ChildInputs(slo_concurrency=measured))
     load, picker = _by_kind(children)["ScaledObject"]["spec"]["triggers"]
     assert load["name"] == "in-flight" and load["metadata"]["query"] == IN_FLIGHT_QUERY
     assert load["metadata"]["threshold"] == picker["metadata"]["threshold"] == threshold

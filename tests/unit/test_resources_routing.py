@@ -18,7 +18,7 @@ from pagoda.operator.api.routing import (
 )
 from pagoda.operator.kube.client import KubeError
 from pagoda.operator.reconcile.problems import apply_problem
-from pagoda.operator.resources import desired_children, labels, selector
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children, labels, selector
 from pagoda.operator.resources.routing import (
     CONFIG_DIR,
     CONFIG_FILE,
@@ -70,9 +70,8 @@ def test_with_the_charts_cluster_role_the_picker_is_bound_to_it_in_its_namespace
     """--picker-cluster-role (the chart): no Role of the picker's own, whose rules the operator would have to
     hold; a RoleBinding in the service's namespace to the chart's ClusterRole, under a name of its own (a
     roleRef cannot change, so the old `tiny-epp` binding is pruned, not patched)."""
-    built = desired_children(
-        "tiny", "ns", InferenceServiceSpec.model_validate(BASE), picker_cluster_role="pagoda-endpoint-picker"
-    )
+    inputs = ChildInputs(OperatorSettings(picker_cluster_role="pagoda-endpoint-picker"))
+    built = desired_children("tiny", "ns", InferenceServiceSpec.model_validate(BASE), inputs)
     by_key = {(child["kind"], child["metadata"]["name"]): child for child in built}
     assert not any(kind == "Role" for kind, _ in by_key)
     assert ("RoleBinding", "tiny-epp") not in by_key
@@ -287,7 +286,7 @@ def test_the_waiting_room_follows_the_measured_cold_start(typical: float | None,
     built = {
         (child["kind"], child["metadata"]["name"]): child
         for child in desired_children(
-            "tiny", "ns", InferenceServiceSpec.model_validate(spec), typical_start=typical
+            "tiny", "ns", InferenceServiceSpec.model_validate(spec), ChildInputs(typical_start=typical)
         )
     }
     config = yaml.safe_load(built[("ConfigMap", "tiny-epp")]["data"][CONFIG_FILE])

@@ -23,11 +23,12 @@ from pagoda import contract
 from pagoda.contract.management import Signer, new_private_key
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api import rules as r
-from pagoda.operator.kube.adapters import AdapterSync, PodTrust
+from pagoda.operator.kube.adapters import AdapterSync
 from pagoda.operator.kube.cache import _slim_pod as slim_pod
 from pagoda.operator.kube.capacity import CapacityReader
 from pagoda.operator.kube.client import KubeError
-from pagoda.operator.resources import desired_children
+from pagoda.operator.kube.podcalls import PodTrust
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children
 from pagoda.operator.resources.meta import service_url
 from pagoda.operator.resources.tls import pod_scheme, pod_tls, pod_url
 
@@ -42,7 +43,10 @@ def spec_of(document: dict[str, Any], **runtime: Any) -> InferenceServiceSpec:
 
 
 def children(spec: InferenceServiceSpec, name: str = "llama", namespace: str = "llm") -> dict[str, Any]:
-    return {c["kind"]: c for c in desired_children(name, namespace, spec, management_key="PEM")}
+    return {
+        c["kind"]: c
+        for c in desired_children(name, namespace, spec, ChildInputs(OperatorSettings(management_key="PEM")))
+    }
 
 
 def runtime_container(deployment: dict[str, Any]) -> dict[str, Any]:

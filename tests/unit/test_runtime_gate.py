@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +19,7 @@ from fastapi import FastAPI, Request
 from pydantic import BaseModel
 
 from pagoda.runtime.serving.server import PagodaApp, RuntimeState
+from tests.repo import REPO
 
 
 async def _ok(scope: Any, receive: Any, send: Any) -> None:
@@ -201,3 +205,18 @@ def test_an_app_error_is_not_hidden_when_the_body_was_within_the_limit() -> None
     with pytest.raises(RuntimeError, match="a bug in the app"):
         asyncio.run(PagodaApp(state)(scope, receive, send))
     assert state.in_flight == 0
+
+
+def test_the_gate_benchmark_runs_in_small(tmp_path: Path) -> None:
+    """`make bench-gate` (benchmarks/gate_cost.py) in small, so that it cannot stop working unseen: the real
+    gate and the trivial app behind uvicorn, a round of a few requests each. Its numbers are checked to be
+    measured, never compared (this machine is shared)."""
+    out = tmp_path / "bench-gate.json"
+    argv = [sys.executable, str(REPO / "benchmarks" / "gate_cost.py"), "--json", str(out)]
+    argv += ["--rounds", "1", "--requests", "20", "--warmup", "2"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    report = json.loads(out.read_text())
+    [measured] = report["rounds"]
+    assert all(measured[side][key] > 0 for side in ("gate", "bare") for key in ("first_ms", "total_ms"))
+    assert set(report["overhead_first_event_p50_ms"]) == {"median", "min", "max"}

@@ -78,7 +78,7 @@ def vllm_config(**cache: object) -> SimpleNamespace:
     )
 
 
-def test_kv_cache_capacity_is_vllms_own_numbers_on_metrics_and_as_json() -> None:
+def test_kv_cache_capacity_is_vllms_own_numbers_on_metrics_and_in_the_payload() -> None:
     # What vLLM 0.32's handshake leaves in the runtime's config (tiny model, 1 GiB CPU KV cache): it logs
     # "CPU KV cache size: 131,072 tokens, Maximum concurrency for 2,048 tokens per request: 64.00x".
     config = vllm_config(
@@ -86,7 +86,7 @@ def test_kv_cache_capacity_is_vllms_own_numbers_on_metrics_and_as_json() -> None
     )
     kv = capacity.from_vllm_config(config)
     assert kv == KvCacheCapacity(tokens=131072, max_model_len=2048, max_concurrency=64.0, block_size=128)
-    assert kv.as_json() == {
+    assert kv.payload().wire() == {
         "kvCacheTokens": 131072,
         "maxModelLen": 2048,
         "maxConcurrency": 64.0,
@@ -96,7 +96,8 @@ def test_kv_cache_capacity_is_vllms_own_numbers_on_metrics_and_as_json() -> None
     config.scheduler_config = SimpleNamespace(max_num_seqs=128, max_num_batched_tokens=2048)
     limits = capacity.from_vllm_config(config)
     assert limits is not None and (limits.max_num_seqs, limits.max_num_batched_tokens) == (128, 2048)
-    assert limits.as_json()["maxNumSeqs"] == 128 and limits.as_json()["maxNumBatchedTokens"] == 2048
+    wire = limits.payload().wire()
+    assert wire["maxNumSeqs"] == 128 and wire["maxNumBatchedTokens"] == 2048
     out = samples(render(ServerStatus(model_name="tiny", ready=True, kv_cache=kv), None))
     assert out["pagoda_kv_cache_capacity_tokens"] == 131072
     assert out["pagoda_kv_cache_max_concurrency"] == 64.0

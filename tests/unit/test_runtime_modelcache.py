@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pagoda.runtime.models.modelcache import ModelCache, model_folder, stored_bytes
-from pagoda.runtime.models.sources import parse_model_uri
+from pagoda.runtime.models.modeluri import parse_model_uri
 
 URI = "s3://models/llama/tiny"
 

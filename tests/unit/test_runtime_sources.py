@@ -15,9 +15,10 @@ from urllib.parse import urlsplit
 import pytest
 from minio.datatypes import Object
 
-from pagoda.runtime.models import sources
+from pagoda.runtime.models import download, hfhub, s3store
 from pagoda.runtime.models.modelcache import ModelCache
-from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri, resolve
+from pagoda.runtime.models.modeluri import ModelSourceError, parse_model_uri
+from pagoda.runtime.models.sources import resolve, safetensors_header
 
 
 def write_model(path: Path) -> Path:
@@ -152,7 +153,7 @@ def tiny_files(tmp_path: Path) -> tuple[dict[str, bytes], dict[str, bytes]]:
 def tiny_on_the_hub(cache: Path, shared: bool = False) -> Path:
     """hf://acme/tiny in the cache `cache`, in the folder of HF_ENDPOINT's hub."""
     return hub_snapshot(
-        sources.hf_cache("hf://acme/tiny", cache), "acme/tiny", *tiny_files(cache.parent), shared
+        hfhub.hf_cache("hf://acme/tiny", cache), "acme/tiny", *tiny_files(cache.parent), shared
     )
 
 
@@ -267,14 +268,14 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_git_blob_ids_are_the_ones_git_gives() -> None:
-    assert sources.file_digest(Path(os.devnull), "git-sha1") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+    assert download.file_digest(Path(os.devnull), "git-sha1") == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
 
 def test_git_blob_id_of_content(tmp_path: Path) -> None:
     (tmp_path / "hello").write_bytes(b"hello\n")  # `git hash-object` of it
-    assert sources.file_digest(tmp_path / "hello", "git-sha1") == "ce013625030ba8dba906f756967f9e9ca394464a"
+    assert download.file_digest(tmp_path / "hello", "git-sha1") == "ce013625030ba8dba906f756967f9e9ca394464a"
     with pytest.raises(ValueError, match="kind must be sha256 or git-sha1, got 'md5'"):
-        sources.file_digest(tmp_path / "hello", "md5")
+        download.file_digest(tmp_path / "hello", "md5")
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["repo-blobs", "shared-store"])
@@ -321,14 +322,14 @@ def test_a_cached_hf_file_changed_with_its_size_kept_is_not_served(
     blobs = snapshot.parent.parent / "blobs"
     assert len(list(blobs.iterdir())) == 2  # the other files' blobs stay
     # What is left is whole: only the deleted file is missing (the client fetches that one alone).
-    assert sources.hf_damaged(snapshot, sources.hf_cache("hf://acme/tiny", tmp_path / "cache")) == []
+    assert hfhub.hf_damaged(snapshot, hfhub.hf_cache("hf://acme/tiny", tmp_path / "cache")) == []
 
 
 def test_hf_snapshot_entries_that_are_not_hash_named_blobs_are_deleted_never_outside_the_cache(
     tmp_path: Path, offline: None
 ) -> None:
     snapshot = tiny_on_the_hub(tmp_path / "cache")
-    hub = sources.hf_cache("hf://acme/tiny", tmp_path / "cache")
+    hub = hfhub.hf_cache("hf://acme/tiny", tmp_path / "cache")
     outside = tmp_path / "outside.json"
     outside.write_bytes(CONFIG)
     (snapshot / "planted.json").write_bytes(CONFIG)  # a file, not a link to a blob
@@ -343,7 +344,7 @@ def test_hf_snapshot_entries_that_are_not_hash_named_blobs_are_deleted_never_out
     (tmp_path / "empty").write_bytes(b"")
     escaping.symlink_to(tmp_path / "empty")
     (snapshot / "escaping.json").symlink_to(escaping)
-    assert sources.hf_damaged(snapshot, hub) == [
+    assert hfhub.hf_damaged(snapshot, hub) == [
         "away.json",
         "escaping.json",
         "named.json",
@@ -383,9 +384,9 @@ def test_each_hub_has_its_own_cache_folder(
     monkeypatch.delenv("HF_ENDPOINT", raising=False)
     if endpoint:
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
-    cache = sources.hf_cache("hf://acme/tiny", tmp_path)
+    cache = hfhub.hf_cache("hf://acme/tiny", tmp_path)
     assert cache.relative_to(tmp_path).as_posix().startswith(folder)
-    assert sources.hf_folder(parse_model_uri("hf://acme/tiny"), tmp_path) == cache / "models--acme--tiny"
+    assert hfhub.hf_folder(parse_model_uri("hf://acme/tiny"), tmp_path) == cache / "models--acme--tiny"
 
 
 def test_two_hubs_are_two_folders_and_one_spelling_of_a_hub_is_one(
@@ -393,7 +394,7 @@ def test_two_hubs_are_two_folders_and_one_spelling_of_a_hub_is_one(
 ) -> None:
     def folder(endpoint: str) -> Path:
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
-        return sources.hf_folder(parse_model_uri("hf://acme/tiny"), tmp_path)
+        return hfhub.hf_folder(parse_model_uri("hf://acme/tiny"), tmp_path)
 
     mirror = folder("https://hub.example")
     assert folder("https://Hub.example:443/") == mirror
@@ -412,7 +413,7 @@ def test_a_model_cached_from_one_hub_is_not_served_for_another(
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:2")
     with pytest.raises(ModelSourceError) as caught:
         resolve(parse_model_uri("hf://acme/tiny"), str(tmp_path / "cache"))
-    assert str(caught.value).endswith(f"no cached copy is in {sources.hf_cache('hf://', tmp_path / 'cache')}")
+    assert str(caught.value).endswith(f"no cached copy is in {hfhub.hf_cache('hf://', tmp_path / 'cache')}")
 
 
 @pytest.mark.parametrize(
@@ -495,12 +496,12 @@ class FakeS3Client:
 
 def s3_store(monkeypatch: pytest.MonkeyPatch, keys: list[str]) -> FakeS3Client:
     store = FakeS3Client(keys)
-    monkeypatch.setattr(sources, "_s3_client", lambda uri: store)
+    monkeypatch.setattr(s3store, "_s3_client", lambda uri: store)
     return store
 
 
 def s3_target(cache: Path, uri: str = "s3://bkt/p") -> Path:
-    return sources.s3_folder(parse_model_uri(uri), cache)
+    return s3store.s3_folder(parse_model_uri(uri), cache)
 
 
 def test_s3_objects_under_the_prefix_land_in_the_cache(
@@ -588,7 +589,7 @@ def test_two_stores_with_the_same_bucket_and_prefix_share_no_file(
         "http://minio-a:9000": FakeS3Client(["p/config.json"], data={"p/config.json": b'{"a": 1}'}),
         "http://minio-b:9000": FakeS3Client(["p/config.json"], data={"p/config.json": b'{"b": 2}'}),
     }
-    monkeypatch.setattr(sources, "_s3_client", lambda uri: stores[os.environ["AWS_ENDPOINT_URL"]])
+    monkeypatch.setattr(s3store, "_s3_client", lambda uri: stores[os.environ["AWS_ENDPOINT_URL"]])
     monkeypatch.delenv("S3_ENDPOINT_URL", raising=False)
     found = {}
     for endpoint in stores:
@@ -637,7 +638,7 @@ def test_files_without_a_manifest_are_downloaded_again(
     (target / "config.json").write_text("[]")  # the listed size, 2 bytes
     resolve(parse_model_uri("s3://bkt/p"), str(tmp_path))
     assert store.written == [str(target / "config.json")] and (target / "config.json").read_text() == "{}"
-    sources.manifest_path(tmp_path, target).write_text("not json")
+    s3store.manifest_path(tmp_path, target).write_text("not json")
     resolve(parse_model_uri("s3://bkt/p"), str(tmp_path))
     assert len(store.written) == 2
 
@@ -655,7 +656,7 @@ def test_whole_weights_pass_and_give_their_header(tmp_path: Path) -> None:
     model = write_model(tmp_path / "m")
     weights = write_weights(model)
     assert resolve(parse_model_uri(f"file://{model}"), str(tmp_path / "cache")) == model
-    header = sources.safetensors_header(weights)
+    header = safetensors_header(weights)
     assert (header["a"]["shape"], header["b"]["dtype"]) == ([4, 8], "F16")
 
 

@@ -56,7 +56,7 @@ def test_phases_are_timed_in_order_from_the_process_start() -> None:
     assert 1.9 < clock.phases["imports"] < 10
     assert clock.phases["modelFetch"] >= 0.05
     assert clock.total() == pytest.approx(sum(clock.phases.values()))
-    assert clock.as_json()["seconds"] == pytest.approx(clock.total(), abs=0.001)
+    assert clock.payload().seconds == pytest.approx(clock.total(), abs=0.001)
 
 
 def test_the_start_is_the_processs_creation_not_the_moment_it_asks() -> None:
@@ -110,7 +110,7 @@ def test_vllms_weight_load_and_engine_init_are_split_out_of_the_engine_start(
     clock.ready()
     assert clock.phases["weightLoad"] == 0.02 and clock.phases["engineInit"] == 0.05
     assert 0.03 < clock.phases["engineSetup"] < 5  # the 0.1 s slept, less the 0.07 s vLLM timed
-    assert [p for p in PHASES if p in clock.phases] == list(clock.as_json()["phases"])
+    assert [p for p in PHASES if p in clock.phases] == list(clock.payload().phases)
 
 
 def test_without_the_plugin_the_engine_start_is_one_phase(monkeypatch: pytest.MonkeyPatch) -> None:

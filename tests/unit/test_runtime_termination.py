@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pagoda.runtime.models.sources import ModelSourceError, parse_model_uri, resolve
+from pagoda.runtime.models.modeluri import ModelSourceError, parse_model_uri
+from pagoda.runtime.models.sources import resolve
 from pagoda.runtime.serving import enginefailure, termination
 from pagoda.runtime.serving.enginefailure import EngineFailure
 

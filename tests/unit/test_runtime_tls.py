@@ -130,7 +130,7 @@ def test_vllms_own_tls_flags_stay_refused_pointing_at_the_runtimes() -> None:
 
 
 def test_the_profile_refuses_the_tls_flags(tmp_path: Path) -> None:
-    from pagoda.runtime.profiling.profile import profile_config
+    from pagoda.runtime.profiling.config import profile_config
 
     ns = _parser().parse_args(
         ["profile", "--model", "file:///m", "--tls-cert-file", "/c", "--tls-key-file", "/k",

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from pagoda import contract
 from pagoda.operator.api import InferenceServiceSpec, error_messages
 from pagoda.operator.api import rules as r
-from pagoda.runtime.models.sources import ModelSource, ModelSourceError, parse_model_uri
+from pagoda.runtime.models.modeluri import ModelSource, ModelSourceError, parse_model_uri
 from pagoda.runtime.serving.config import ServeConfig
 from tests.unit.conftest import cel_evaluate
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pagoda.operator.status.report import Observed, Problem, compute_status, status_changed
+from pagoda.operator.status.changes import status_changed
+from pagoda.operator.status.report import Observed, Problem, compute_status
 
 SELECTOR = "app.kubernetes.io/name=pagoda-runtime,pagoda.dev/inferenceservice=m"
 T0 = "2026-01-01T00:00:00Z"

@@ -5,11 +5,10 @@ tune, and the choice with its 5% threshold. The servers themselves are started b
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from pagoda import contract
+from pagoda.contract.payloads import ProfileResult, ProfileSlo, ProfileStep
 from pagoda.runtime.profiling import tune
 from pagoda.runtime.profiling.tune import Batch, Limits, Run
 from pagoda.runtime.serving.config import ServeConfig
@@ -18,30 +17,39 @@ CPU_DEFAULTS = Limits(max_num_batched_tokens=2048, max_num_seqs=128)
 BOTH = frozenset({"max_num_batched_tokens", "max_num_seqs"})
 
 
-def result(*steps: tuple[int, float, float, float], ttft: float = 500.0, itl: float = 25.0) -> dict[str, Any]:
+def result(*steps: tuple[int, float, float, float], ttft: float = 500.0, itl: float = 25.0) -> ProfileResult:
     """A profile result at SLO `ttft`/`itl` from (concurrency, TTFT p95, ITL p95, requests/s) steps, with the
-    capacity counted as runtime/profiling/profile.py counts it."""
+    capacity counted as runtime/profiling/result.py counts it."""
     rows = [
-        {
-            "concurrency": c,
-            "ttftP95Ms": t,
-            "interTokenP95Ms": i,
-            "requestsPerSecond": r,
-            "meetsSlo": t <= ttft and i <= itl,
-        }
+        ProfileStep(
+            concurrency=c,
+            ttft_p95_ms=t,
+            inter_token_p95_ms=i,
+            requests_per_second=r,
+            output_tokens_per_second=r * 100,
+            requests=100,
+            errors=0,
+            meets_slo=t <= ttft and i <= itl,
+        )
         for c, t, i, r in steps
     ]
     chosen = None
     for row in rows:
-        if not row["meetsSlo"]:
+        if not row.meets_slo:
             break
         chosen = row
-    return {
-        "slo": {"ttftMs": ttft, "interTokenMs": itl},
-        "concurrency": chosen["concurrency"] if chosen else None,
-        "requestsPerSecond": chosen["requestsPerSecond"] if chosen else None,
-        "steps": rows,
-    }
+    return ProfileResult(
+        slo=ProfileSlo(ttft_ms=ttft, inter_token_ms=itl),
+        concurrency=chosen.concurrency if chosen else None,
+        requests_per_second=chosen.requests_per_second if chosen else None,
+        steps=rows,
+    )
+
+
+def measured(goodput: float | None, concurrency: int | None) -> ProfileResult:
+    """A result with only its capacity: what the choice reads."""
+    slo = ProfileSlo(ttft_ms=500.0, inter_token_ms=25.0)
+    return ProfileResult(slo=slo, concurrency=concurrency, requests_per_second=goodput)
 
 
 # Measured shapes (docs/design/2026-12-04-engine-settings-for-goodput.md): inter-token latency breaks at 16.
@@ -121,7 +129,7 @@ def test_tunable_settings_are_those_neither_a_flag_nor_an_extra_argument_gives(
 
 
 def run(batch: Batch, goodput: float | None) -> Run:
-    return Run(batch, CPU_DEFAULTS, {"requestsPerSecond": goodput, "concurrency": 8 if goodput else None})
+    return Run(batch, CPU_DEFAULTS, measured(goodput, 8 if goodput else None))
 
 
 def test_the_choice_needs_a_5_percent_gain_and_prefers_the_first_of_equals() -> None:
@@ -146,10 +154,10 @@ def test_a_winner_must_also_beat_the_baselines_second_run() -> None:
 
 
 def test_the_engine_result_names_the_choice_its_gain_and_every_run() -> None:
-    baseline = Run(Batch(), CPU_DEFAULTS, {"requestsPerSecond": 5.0, "concurrency": 8})
-    chosen = Run(Batch(512, 8), Limits(512, 8), {"requestsPerSecond": 6.5, "concurrency": 16})
+    baseline = Run(Batch(), CPU_DEFAULTS, measured(5.0, 8))
+    chosen = Run(Batch(512, 8), Limits(512, 8), measured(6.5, 16))
     failed = Run(Batch(256), None, None, "did not start")
-    engine = tune.engine_result([baseline, failed, chosen], chosen)
+    engine = tune.engine_result([baseline, failed, chosen], chosen).wire()
     assert engine == {
         "maxNumBatchedTokens": 512,
         "maxNumSeqs": 8,
