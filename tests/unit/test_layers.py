@@ -57,14 +57,7 @@ def modules() -> dict[str, Path]:
 
 def every_import(path: Path, known: dict[str, Path]) -> set[str]:
     """The known modules `path` imports anywhere (at the top, in functions, under TYPE_CHECKING)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            named = {f"{node.module}.{alias.name}" for alias in node.names}
-            found.update(named if named <= set(known) else {node.module, *named})
-        elif isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-    return found & set(known)
+    return imports(path, known, anywhere=True)
 
 
 def floor(module: str) -> int | None:
@@ -183,10 +176,11 @@ def test_no_module_shares_its_name_with_a_folder_beside_it() -> None:
     assert clashes == []
 
 
-def imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """The known modules `path` imports at its top level."""
+def imports(path: Path, known: dict[str, Path], *, anywhere: bool = False) -> set[str]:
+    """The known modules `path` imports at its top level (`anywhere`: also in functions and blocks)."""
+    tree = ast.parse(path.read_text())
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in ast.walk(tree) if anywhere else tree.body:
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             # `from package import module` needs the module (and, like any import of a module, its parent
             # packages, which are not counted); `from module import name` needs the module.
