@@ -150,21 +150,21 @@ test-runtime: venv guidellm ## Tier 3: the runtime on the real vLLM engine (CPU)
 test-e2e: venv tools packages images ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) e2e
 
-# `make test` runs two lanes side by side on the two cores, about equally long (docs/testing.md): tiers 1 and 2
-# in one; lint, then tier 3 (its engines) in the other. Each lane's output is printed whole when it ends
-# (--output-sync). Tier 4 follows alone: its engines start beside replicas serving load.
+# `make test` runs two lanes side by side on the two cores, about equally long (docs/testing.md): tiers 1 and 2,
+# then lint, in one; tier 3 (its engines, the longer tier) in the other. Each lane's output is printed whole
+# when it ends (--output-sync). Tier 4 follows alone: its engines start beside replicas serving load.
 .PHONY: test
 test: setup ## Install everything and run every test tier.
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse lane-tiers-1-2 lane-lint-tier-3
+	$(MAKE) --no-print-directory -j2 --output-sync=recurse lane-tiers-1-2-lint lane-tier-3
 	$(MAKE) --no-print-directory test-e2e
 
-.PHONY: lane-tiers-1-2 lane-lint-tier-3
-lane-tiers-1-2: venv tools packages
+.PHONY: lane-tiers-1-2-lint lane-tier-3
+lane-tiers-1-2-lint: venv tools packages
 	$(MAKE) --no-print-directory test-unit
 	$(MAKE) --no-print-directory test-integration
-
-lane-lint-tier-3: venv tools packages
 	$(MAKE) --no-print-directory lint
+
+lane-tier-3: venv tools packages
 	$(MAKE) --no-print-directory test-runtime
 
 .PHONY: checks

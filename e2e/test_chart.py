@@ -331,12 +331,22 @@ def test_autoscaled_deployment_replicas_belong_to_the_autoscaler(
     (applied,) = managed_fields(cluster, "deployment", namespace, "tiny-auto", "pagoda-operator")
     assert applied["operation"] == "Apply"
     assert "f:replicas" not in applied["fieldsV1"].get("f:spec", {}), "the operator owns spec.replicas"
-    # What the HPA does through the scale subresource: it must survive the operator's next passes.
-    cluster.kubectl("scale", "deployment", "tiny-auto", "-n", namespace, "--replicas=3")
+    # What the autoscaler does through the scale subresource must survive the operator's next passes. KEDA
+    # runs for real here and reads this idle service's load as 0 (its replica queries answer 0 without scrape
+    # targets), so the HPA would bring a plain `kubectl scale` back to minReplicas at its next sync: KEDA is
+    # told to hold 3 replicas instead (its pause annotation), and scales the Deployment to 3 itself.
+    cluster.kubectl(
+        "annotate", "scaledobject", "tiny-auto", "-n", namespace, "autoscaling.keda.sh/paused-replicas=3"
+    )
+
+    def replicas() -> Any:
+        deployment = kubectl_json(cluster, "get", "deployment", "tiny-auto", "-n", namespace)
+        return deployment["spec"].get("replicas")
+
+    wait_until(lambda: replicas() == 3, "KEDA to scale tiny-auto to 3", timeout=60)
     before = operator.reconciles()
     wait_until(lambda: operator.reconciles() >= before + 4, "reconcile passes after scaling", timeout=60)
-    deployment = kubectl_json(cluster, "get", "deployment", "tiny-auto", "-n", namespace)
-    assert deployment["spec"]["replicas"] == 3
+    assert replicas() == 3
     # A fixed-size service keeps its replicas owned by the operator, from spec.replicas.
     (applied,) = managed_fields(cluster, "deployment", namespace, "tiny", "pagoda-operator")
     assert "f:replicas" in applied["fieldsV1"]["f:spec"]

@@ -226,7 +226,7 @@ def test_missing_binaries_fail_naming_make_tools(tmp_path: Path) -> None:
 
 def test_cli_up_and_down_manage_exactly_their_processes(cluster: Cluster, tmp_path: Path) -> None:
     workdir, kubeconfig = tmp_path / "cluster", tmp_path / "kubeconfig"
-    cli = [sys.executable, "-m", "e2e"]
+    cli = [sys.executable, "-m", "e2e.lab"]
     # Without a real node: one per machine, and the session's cluster has it.
     flags = [f"--workdir={workdir}", f"--kubeconfig={kubeconfig}", "--no-real-node"]
     env = {**os.environ, "PAGODA_BIN": str(cluster.bin_dir)}
