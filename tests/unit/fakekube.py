@@ -50,3 +50,22 @@ def deployment_of(children: list[Obj]) -> Obj:
         if c["kind"] == "Deployment" and "pagoda.dev/endpoint-picker" not in c["metadata"]["labels"]
     ]
     return deployment
+
+
+class StatusWrites(StampingWrites):
+    """The writes of `write_status` for the InferenceService of `spec`: its status patch answered with the
+    owner as the API server returns it, and the Events it creates recorded in `events`."""
+
+    def __init__(self, spec: Obj) -> None:
+        super().__init__()
+        self.spec = spec
+        self.events: list[Obj] = []
+
+    def patch_status(
+        self, api_version: str, kind: str, plural: str, namespace: str, name: str, status: Obj
+    ) -> Obj:
+        return self._stamp({**owner_object(self.spec), "status": status})
+
+    def create(self, manifest: Obj, plural: str, counted: bool = True) -> Obj:
+        self.events.append(manifest)
+        return manifest

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from fakekube import StampingWrites, owner_object
+from fakekube import StatusWrites, owner_object
 
 from pagoda.operator.api import InferenceServiceStatus
 from pagoda.operator.api.status import METRICS_UNAVAILABLE
@@ -211,24 +211,9 @@ def test_one_event_per_flip() -> None:
     )
 
 
-class StatusWrites(StampingWrites):
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[Obj] = []
-
-    def patch_status(
-        self, api_version: str, kind: str, plural: str, namespace: str, name: str, status: Obj
-    ) -> Obj:
-        return self._stamp({**owner_object(SPEC), "status": status})
-
-    def create(self, manifest: Obj, plural: str, counted: bool = True) -> Obj:
-        self.events.append(manifest)
-        return manifest
-
-
 @pytest.mark.parametrize("first", [True, False], ids=["appears-true", "flips-true"])
 def test_write_status_records_the_warning_event(first: bool) -> None:
-    kube = StatusWrites()
+    kube = StatusWrites(SPEC)
     read = status_of(scaled_object({"s0-prometheus": HAPPY}))
     held = status_of(scaled_object({"s0-prometheus": failing(4)}, "True"), read, LATER)
     previous = {**read, "conditions": read["conditions"][:4]} if first else read

@@ -11,7 +11,7 @@ import math
 from typing import Any
 
 import pytest
-from fakekube import StampingWrites, owner_object
+from fakekube import StatusWrites, owner_object
 
 from pagoda.operator.api import InferenceServiceSpec, InferenceServiceStatus
 from pagoda.operator.api.scaling import DEFAULT_TARGET_IN_FLIGHT
@@ -250,23 +250,8 @@ def test_slo_event_once_per_flip() -> None:
     assert slo_event(met, unmet) is not None and slo_event(unmet, {"conditions": []}) is None
 
 
-class StatusWrites(StampingWrites):
-    def __init__(self) -> None:
-        super().__init__()
-        self.events: list[Obj] = []
-
-    def patch_status(
-        self, api_version: str, kind: str, plural: str, namespace: str, name: str, status: Obj
-    ) -> Obj:
-        return self._stamp({**owner_object(SPEC), "status": status})
-
-    def create(self, manifest: Obj, plural: str) -> Obj:
-        self.events.append(manifest)
-        return manifest
-
-
 def test_write_status_records_one_event_per_flip() -> None:
-    kube = StatusWrites()
+    kube = StatusWrites(SPEC)
     unmet = status_of(profiled(MET_10, UNMET))
 
     def write(previous: Obj, status: Obj) -> None:
