@@ -1,10 +1,14 @@
 """Operator benchmark: N InferenceServices at once against the local control plane, beside a floor.
 
-Floor: the same child objects (Deployment, Service, PDB from the same builders) created by a bare client,
-no operator. Then: the operator running, N InferenceServices created at once; time until every child is
-applied and every InferenceService reports Ready (watched); per-object latency p50/p99; the operator's RSS;
-its API writes per object by kind, and during an idle period (target 0); the ratios of the two phases and
-the machine's load average during each (the machine is shared: compare phases that ran at similar load).
+Floor: what the operator's first pass of each service must write at the least, written by a bare client
+with no operator: the same children from the same builders under the operator's settings (NetworkPolicy,
+the management key's ConfigMap, Deployment, Service, PDB), server-side applied in the same order, with as
+many threads as the operator has workers. Then: the operator running, N InferenceServices created at once;
+time until every child is applied and every InferenceService reports Ready (watched); per-object latency
+p50/p99; the operator's RSS; its API writes per object by kind, and during an idle period (target 0); the
+ratios of the two phases and the machine's load average during each (the machine is shared: compare phases
+that ran at similar load). The operator's extra writes (an Event and the status per service) and its
+reads of the watch streams are what the ratio charges it for.
 
     make bench-operator   # = PAGODA_BIN=.pagoda-dev/bin .venv/bin/python benchmarks/operator_scale.py
 """
@@ -13,7 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -32,9 +40,15 @@ from harness import OperatorProcess  # noqa: E402
 from e2e.lab import _objects  # noqa: E402
 from e2e.lab.addons import wait_established  # noqa: E402
 from e2e.lab.cluster import GPU_PRODUCT, Cluster, start_private  # noqa: E402
+from pagoda.contract.management import Signer, new_private_key  # noqa: E402
 from pagoda.operator.api import InferenceServiceSpec  # noqa: E402
 from pagoda.operator.kube.client import Kube, KubeError, resource_path  # noqa: E402
-from pagoda.operator.resources import CHILD_KINDS, desired_children  # noqa: E402
+from pagoda.operator.resources import (  # noqa: E402
+    CHILD_KINDS,
+    ChildInputs,
+    OperatorSettings,
+    desired_children,
+)
 
 SPEC: dict[str, Any] = {
     "model": {"uri": "hf://pagoda-bench/tiny", "servedName": "tiny"},
@@ -176,6 +190,37 @@ class LoadAverage(threading.Thread):
         return {"mean": round(statistics.fmean(self.samples), 1), "max": round(max(self.samples), 1)}
 
 
+class CpuMeter:
+    """CPU seconds (user + system) each process used since the meter started: the control plane's
+    components and the operator, so that a phase says what it cost the API server and etcd, not only how
+    long it took (two phases can take the same time on a machine with a free core and not on a busy one)."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = dict(pids)
+        self.start = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+
+    def used(self) -> dict[str, float]:
+        return {name: round(cpu_seconds(pid) - self.start[name], 1) for name, pid in self.pids.items()}
+
+
+def pin(pid: int, cpu: int) -> None:
+    """Every thread of `pid` on `cpu` alone (threads it starts later inherit it)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            os.sched_setaffinity(int(task.name), {cpu})
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of `pid` (and of its threads), from /proc; 0 once it has exited."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def deployment_ready(obj: dict[str, Any]) -> bool:
     return int((obj.get("status") or {}).get("readyReplicas") or 0) >= 1
 
@@ -198,31 +243,42 @@ def children_count(kube: Kube, namespace: str) -> int:
     return total
 
 
-def run_floor(kube: Kube, count: int, workers: int, timeout: float) -> dict[str, Any]:
+def floor_settings() -> OperatorSettings:
+    """The settings the operator builds every first pass's children with: a management key (the operator
+    always has one), so the floor writes the same ConfigMap."""
+    return OperatorSettings(management_key=Signer(new_private_key()).public_pem)
+
+
+def run_floor(kube: Kube, count: int, workers: int, timeout: float, pids: dict[str, int]) -> dict[str, Any]:
     namespace = "bench-floor"
     create_namespace(kube, namespace)
     spec = InferenceServiceSpec.model_validate(SPEC)
+    inputs = ChildInputs(settings=floor_settings())
     ready_watch = Watch(kube, "apps/v1", "deployments", namespace, deployment_ready)
+    cpu = CpuMeter(pids)
     started = time.monotonic()
     created_at: dict[str, float] = {}
 
     def one(i: int) -> None:
         name = f"svc-{i:04d}"
         created_at[name] = time.monotonic()
-        for manifest in desired_children(name, namespace, spec):
-            kube.create(manifest, PLURALS[manifest["kind"]])
+        for manifest in desired_children(name, namespace, spec, inputs):
+            kube.apply(manifest, PLURALS[manifest["kind"]])
 
     with ThreadPoolExecutor(workers) as pool:
         list(pool.map(one, range(count)))
     applied = time.monotonic() - started
+    cpu_applied = cpu.used()
     ready = ready_watch.wait(count, timeout, "Deployments ready")
     latencies = [ready[name] - created_at[name] for name in ready]
     return {
+        "workers": workers,
         "children_applied_s": round(applied, 2),
         "all_ready_s": round(max(ready.values()) - started, 2),
         "p50_s": round(statistics.median(latencies), 2),
         "p99_s": round(percentile(latencies, 0.99), 2),
-        "writes_per_object_total": len(desired_children("x", namespace, spec)),
+        "writes_per_object_total": len(desired_children("x", namespace, spec, inputs)),
+        "cpu_s_until_applied": cpu_applied,
     }
 
 
@@ -233,9 +289,39 @@ def rss_mib(pid: int) -> float:
     return 0.0
 
 
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling the operator until it is stopped, only the thread that holds the GIL at each sample
+    (`--gil`): where the operator's own CPU goes, and which thread keeps the others waiting for the GIL
+    (threads waiting on the API server's answers drop out). `--nonblocking`: the operator is not paused to
+    be sampled, so the run's times stay comparable. py-spy is not a dependency of the project:
+    `.venv/bin/uv pip install py-spy`."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        raise SystemExit("--profile: py-spy is not installed (.venv/bin/uv pip install py-spy)")
+    return subprocess.Popen(
+        [spy, "record", "--pid", str(pid), "--gil", "--nonblocking", "--rate", "100"]
+        + ["--format", "speedscope", "--output", str(out)],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def stop_profile(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        spy.wait(timeout=60)
+
+
 def run_operator(
-    cluster: Cluster, kube: Kube, count: int, idle: float, timeout: float, workers: int
+    cluster: Cluster,
+    kube: Kube,
+    count: int,
+    idle: float,
+    timeout: float,
+    workers: int,
+    profile: Path | None = None,
+    pinned: int | None = None,
 ) -> dict[str, Any]:
+    """`pinned`: the CPU the operator runs on (None: any)."""
     namespace = "bench-operator"
     create_namespace(kube, namespace)
     workdir = Path(tempfile.mkdtemp(prefix="pagoda-bench-operator-"))
@@ -243,10 +329,15 @@ def run_operator(
     operator.start()
     assert operator.proc is not None
     pid = operator.proc.pid
+    if pinned is not None:
+        pin(pid, pinned)
     peak = rss_mib(pid)
+    spy = start_profile(pid, profile) if profile is not None else None
     try:
         ready_watch = Watch(kube, "pagoda.dev/v1alpha1", "inferenceservices", namespace, service_ready)
         load = LoadAverage()
+        cpu = CpuMeter({**cluster.pids, "operator": pid})
+        cpu_applied: dict[str, float] = {}
         started = time.monotonic()
         created_at: dict[str, float] = {}
 
@@ -269,6 +360,7 @@ def run_operator(
             peak = max(peak, rss_mib(pid))
             if applied is None and children_count(kube, namespace) >= 3 * count:
                 applied = time.monotonic() - started
+                cpu_applied = cpu.used()
             if time.monotonic() - started > timeout:
                 raise RuntimeError(
                     f"timed out: children applied after {applied}, {len(ready_watch.seen)} Ready"
@@ -277,6 +369,8 @@ def run_operator(
             time.sleep(0.5)
         ready = ready_watch.wait(count, timeout, "InferenceServices Ready")
         load_average = load.result()
+        stop_profile(spy)
+        spy = None
         latencies = [ready[name] - created_at[name] for name in ready]
         # Let the last status writes land, then measure an idle period.
         time.sleep(5)
@@ -294,6 +388,7 @@ def run_operator(
         duration_count = metrics.get(("pagoda_operator_reconcile_duration_seconds_count", ""), 1.0)
         return {
             "owners_created_s": round(owners_created, 2),
+            "cpu_s_until_applied": cpu_applied,
             "children_applied_s": round(applied, 2),
             "all_ready_s": round(max(ready.values()) - started, 2),
             "p50_s": round(statistics.median(latencies), 2),
@@ -317,6 +412,7 @@ def run_operator(
             },
         }
     finally:
+        stop_profile(spy)
         operator.stop()
 
 
@@ -326,15 +422,36 @@ def main() -> int:
     )
     parser.add_argument("--count", type=int, default=500, help="InferenceServices (and floor objects)")
     parser.add_argument("--idle-seconds", type=float, default=300.0, help="idle period for the write count")
-    parser.add_argument("--floor-workers", type=int, default=16, help="parallel creators for the floor")
-    parser.add_argument("--workers", type=int, default=8, help="the operator's --workers")
+    parser.add_argument(
+        "--workers", type=int, default=8, help="the operator's --workers; the floor's threads"
+    )
     parser.add_argument("--timeout", type=float, default=1200.0, help="per-phase deadline in seconds")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument(
+        "--no-pin",
+        dest="pin",
+        action="store_false",
+        help="leave every process free to run on any CPU (default: the control plane on one CPU, the API "
+        "server's client of each phase, this script's floor or the operator, on another: as on a cluster, "
+        "where the operator does not share the API server's machine)",
+    )
+    parser.add_argument(
+        "--profile", type=Path, help="py-spy the operator until all are Ready; a speedscope JSON file here"
+    )
     args = parser.parse_args()
     if args.count < 1:
         parser.error("--count: must be at least 1")
+    cpus = sorted(os.sched_getaffinity(0))
+    if args.pin and len(cpus) < 2:
+        parser.error(f"pinning needs two CPUs, this process may use {cpus} (use --no-pin)")
+    control_plane_cpu, client_cpu = (cpus[0], cpus[1]) if args.pin else (None, None)
+    if client_cpu is not None:  # this process (the floor's client, the watches) and every thread it starts
+        pin(os.getpid(), client_cpu)
     cluster = start_private()
     try:
+        if control_plane_cpu is not None:
+            for component in cluster.pids.values():
+                pin(component, control_plane_cpu)
         kube = Kube(cluster.api_client())
         cluster.kubectl(
             "apply", "--server-side", "-f", str(ROOT / "crds" / "pagoda.dev_inferenceservices.yaml")
@@ -343,15 +460,18 @@ def main() -> int:
         nodes = ensure_nodes(kube, 2 * args.count)
         print(f"Prepared fake GPU nodes count={nodes}", flush=True)
         load = LoadAverage()
-        floor = run_floor(kube, args.count, args.floor_workers, args.timeout)
+        floor = run_floor(kube, args.count, args.workers, args.timeout, cluster.pids)
         floor["load_average"] = load.result()
         print(f"Measured floor {json.dumps(floor)}", flush=True)
-        operated = run_operator(cluster, kube, args.count, args.idle_seconds, args.timeout, args.workers)
+        operated = run_operator(
+            cluster, kube, args.count, args.idle_seconds, args.timeout, args.workers, args.profile, client_cpu
+        )
         print(f"Measured operator {json.dumps(operated)}", flush=True)
     finally:
         cluster.stop()
     result = {
         "count": args.count,
+        "pinned": args.pin,
         "floor": floor,
         "operator": operated,
         "ratio_children_applied": round(operated["children_applied_s"] / floor["children_applied_s"], 2),

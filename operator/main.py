@@ -36,6 +36,7 @@ from pagoda.operator.kube.management import (
 )
 from pagoda.operator.kube.podcalls import PodTrust
 from pagoda.operator.kube.workqueue import Outcome, WorkQueue, work
+from pagoda.operator.reconcile import apply
 from pagoda.operator.reconcile.core import reconcile
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE, OperatorSettings
 from pagoda.operator.status.nodes import NODE_KIND
@@ -245,7 +246,7 @@ async def keep_leading(elector: LeaderElector) -> None:
 
 
 async def run(args: argparse.Namespace) -> None:
-    api = api_client(args.kubeconfig, args.workers + 2)
+    api = api_client(args.kubeconfig, args.workers + apply.WRITERS + 2)
     kube = Kube(api)
     elector = None
     if args.leader_elect is not None:

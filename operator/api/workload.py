@@ -144,6 +144,15 @@ class SchedulingSpec(ApiModel):
         description="Pod affinity (core/v1 Affinity), copied to the pod template as written.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    topology_spread_constraints: list[dict[str, Any]] | None = Field(
+        default=None,
+        max_length=8,
+        description="How the replicas spread over the cluster (core/v1 TopologySpreadConstraint list, "
+        "copied to the pod template as written). Unset: across nodes where there is room (maxSkew 1 on "
+        "kubernetes.io/hostname, ScheduleAnyway), so that one node lost or drained takes as few replicas as "
+        "the cluster allows; [] turns spreading off.",
+        json_schema_extra={"items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+    )
     priority_class_name: ObjectName | None = Field(default=None, description="PriorityClass of the pods.")
 
 

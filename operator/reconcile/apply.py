@@ -1,10 +1,19 @@
 """How one pass brings the live children to the desired ones: server-side apply each child that differs
 (compare.py), hand a Deployment's spec.replicas over to the autoscaler first when autoscaling is turned on,
-delete the children we control that are no longer wanted, and name every change in one Event."""
+delete the children we control that are no longer wanted, and name every change in one Event.
+
+The children that differ are applied in waves (`waves`): the writes of one wave go to the API server at
+once, each wave after the one before it. A new service's first pass writes five children; one after another
+that is five round trips, and with many services created at once the passes wait on them (the operator
+benchmark, docs/benchmarks.md). The waves keep the one order that matters: what a pod needs (its
+ConfigMaps, its ServiceAccount and Role, the NetworkPolicies that guard it) exists before the Deployment or
+Job that makes it, and a ScaledObject comes after the Deployment it scales.
+"""
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pagoda.operator.kube.client import KubeError
@@ -16,6 +25,13 @@ from pagoda.operator.resources.meta import REPLICAS_HANDOVER_MANAGER
 
 log = logging.getLogger("pagoda.operator.reconcile")
 PLURALS = {kind: (api_version, plural) for api_version, kind, plural in CHILD_KINDS}
+# A child of these kinds starts a new wave: pods are made only once everything listed before them exists,
+# and the autoscaler's target exists before the autoscaler.
+WAVE_STARTS = frozenset({"Deployment", "Job", "ScaledObject"})
+# Threads that send the writes of a wave with more than one write, shared by every pass: at most this many
+# such writes in flight at once (the API client's connection pool is sized for them: main.py).
+WRITERS = 16
+_writers = ThreadPoolExecutor(max_workers=WRITERS, thread_name_prefix="apply")
 
 Obj = dict[str, Any]
 
@@ -34,25 +50,57 @@ def change_children(p: Pass, desired: list[Obj]) -> None:
     p.record_changes()
 
 
-def apply_children(p: Pass, desired: list[Obj]) -> None:
-    """Server-side apply each desired child that differs from its live copy. A child the API server refuses
-    becomes a Problem and the others are still applied."""
+def waves(desired: list[Obj]) -> list[list[Obj]]:
+    """`desired`, in its order, cut before each child of a WAVE_STARTS kind (pure)."""
+    cut: list[list[Obj]] = []
     for manifest in desired:
-        key = child_key(manifest)
-        current = p.live.get(key)
-        if current is not None and matches(manifest, current):
-            continue
-        try:
-            hand_over_replicas(p, manifest, current)
-            p.live[key] = p.kube.apply(manifest, PLURALS[key[0]][1])
-        except KubeError as exc:
-            if namespace_terminating(exc):
-                raise OwnerGone from exc
-            p.problems.append(apply_problem(manifest, exc))
-            continue
-        if p.cache:
-            p.cache.observe(p.live[key])
-        p.wrote("Created" if current is None else "Updated", *key)
+        if not cut or manifest["kind"] in WAVE_STARTS:
+            cut.append([])
+        cut[-1].append(manifest)
+    return cut
+
+
+def apply_children(p: Pass, desired: list[Obj]) -> None:
+    """Server-side apply each desired child that differs from its live copy, a wave at a time. A child the
+    API server refuses becomes a Problem and the others are still applied. What each write did is recorded
+    in `desired`'s order whatever order the answers came in, so the pass's Event reads the same every time."""
+    for wave in waves(desired):
+        stale = [m for m in wave if (c := p.live.get(child_key(m))) is None or not matches(m, c)]
+        if len(stale) > 1:
+            results = list(_writers.map(lambda m: _apply_one(p, m), stale))
+        else:
+            results = [_apply_one(p, m) for m in stale]
+        failure: Exception | None = None
+        for manifest, result in zip(stale, results, strict=True):
+            if isinstance(result, KubeError):
+                if namespace_terminating(result):
+                    raise OwnerGone from result
+                p.problems.append(apply_problem(manifest, result))
+            elif isinstance(result, Exception):  # the API server unreachable, the Lease lost: the pass fails
+                failure = failure or result
+            else:
+                _record(p, manifest, result)
+        if failure is not None:  # after recording what did land, so that the pass's Event names it
+            raise failure
+
+
+def _apply_one(p: Pass, manifest: Obj) -> Obj | Exception:
+    """One child's write (with its replicas hand-over): what the API server answered, or what went wrong."""
+    current = p.live.get(child_key(manifest))
+    try:
+        hand_over_replicas(p, manifest, current)
+        return p.kube.apply(manifest, PLURALS[manifest["kind"]][1])
+    except Exception as exc:  # noqa: BLE001 - handed back to the pass's thread, which decides
+        return exc
+
+
+def _record(p: Pass, manifest: Obj, result: Obj) -> None:
+    key = child_key(manifest)
+    current = p.live.get(key)
+    p.live[key] = result
+    if p.cache:
+        p.cache.observe(result)
+    p.wrote("Created" if current is None else "Updated", *key)
 
 
 def hand_over_replicas(p: Pass, manifest: Obj, current: Obj | None) -> None:

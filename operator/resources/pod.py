@@ -28,7 +28,7 @@ from .chattemplate import (
     chat_template_volume,
 )
 from .management import management_mount, management_volume
-from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, content_hash, labels
+from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, content_hash, labels, selector
 from .quantity import canonical
 from .tls import scheme, tls_mount, tls_volume
 
@@ -88,6 +88,9 @@ def pod_template(
         pod["nodeSelector"] = node_selector
     if spec.scheduling.affinity:
         pod["affinity"] = spec.scheduling.affinity
+    spread = topology_spread(name, spec)
+    if spread:
+        pod["topologySpreadConstraints"] = spread
     if spec.scheduling.priority_class_name:
         pod["priorityClassName"] = spec.scheduling.priority_class_name
     if spec.runtime.image_pull_secrets:  # the runtime image's, and an oci:// model's (an image volume)
@@ -174,6 +177,27 @@ def resources(spec: InferenceServiceSpec) -> dict[str, Any]:
     if spec.resources.cpu is not None:
         requests["cpu"] = canonical(spec.resources.cpu)
     return {"limits": limits, "requests": requests}
+
+
+def topology_spread(name: str, spec: InferenceServiceSpec) -> list[dict[str, Any]]:
+    """The spec's spread constraints as written, or by default the replicas across nodes where there is room.
+
+    Preferred (ScheduleAnyway), never required: on a one-node cluster, or when the other nodes have no free
+    GPU, a replica still starts where it fits rather than staying Pending. maxSkew 1 is what makes two
+    replicas land on two nodes (the scheduler's built-in default spreading, maxSkew 3, would not). Counted
+    among the pods of one template revision (matchLabelKeys pod-template-hash), so a rolling update spreads
+    the new pods by themselves instead of around the old ones it is about to remove."""
+    if spec.scheduling.topology_spread_constraints is not None:
+        return spec.scheduling.topology_spread_constraints
+    return [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector(name)},
+            "matchLabelKeys": ["pod-template-hash"],
+        }
+    ]
 
 
 def tolerations(spec: InferenceServiceSpec) -> list[dict[str, Any]]:

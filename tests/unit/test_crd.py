@@ -13,7 +13,13 @@ import yaml
 from pagoda.operator.api import crdgen
 from tests.repo import REPO
 
-PRESERVE_ALLOWED = {"spec.scheduling.affinity", "spec.runtime.env[].valueFrom"}
+# Core Kubernetes types copied to the pod template as written: the API server validates them there (a bad one
+# is an apply Problem naming the field), and copying their schema would pin a Kubernetes version.
+PRESERVE_ALLOWED = {
+    "spec.scheduling.affinity",
+    "spec.scheduling.topologySpreadConstraints[]",
+    "spec.runtime.env[].valueFrom",
+}
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ against a real API server.
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any
 
 import kopf
@@ -16,7 +17,7 @@ from fakekube import StampingWrites, owner_object
 
 from pagoda.operator.handlers import NoDiffBase, configure
 from pagoda.operator.kube.cache import ObjectCache
-from pagoda.operator.reconcile import core, events
+from pagoda.operator.reconcile import apply, core, events
 
 Obj = dict[str, Any]
 SPEC = {"model": {"uri": "hf://pagoda-test/tiny-llama"}, "resources": {"gpu": {"count": 1}}, "replicas": 1}
@@ -82,12 +83,12 @@ def controller_reports(cache: ObjectCache, **status: int) -> None:
 def test_creation_writes_each_child_once_one_event_and_one_status_after_the_first_report() -> None:
     kube, cache = RecordingKube(), cache_with(OWNER)
     outcome = run_pass(kube, cache)
-    assert kube.writes == [
-        ("apply", "NetworkPolicy"),
+    # The NetworkPolicy before the pods; the Deployment, Service and PDB in one wave (any order); the Event.
+    assert kube.writes[0] == ("apply", "NetworkPolicy") and kube.writes[-1] == ("create", "Event")
+    assert sorted(kube.writes[1:-1]) == [
         ("apply", "Deployment"),
-        ("apply", "Service"),
         ("apply", "PodDisruptionBudget"),
-        ("create", "Event"),
+        ("apply", "Service"),
     ]
     assert outcome.result == "applied" and outcome.writes == 4  # the Event is not a write to a child
     assert outcome.requeue_after == 10.0  # the first status is written by then at the latest
@@ -134,10 +135,79 @@ def test_a_problem_is_reported_at_once() -> None:
 
 
 def test_a_pass_that_fails_half_way_still_names_what_it_changed() -> None:
+    """The Service's write fails (the API server unreachable): the Deployment and the PDB, written in the
+    same wave, landed and are named; the pass fails after that."""
     kube, cache = RecordingKube(fail_apply="Service"), cache_with(OWNER)
     with pytest.raises(OSError):
         run_pass(kube, cache)
-    assert [e["message"] for e in kube.events] == ["Created NetworkPolicy llm, Deployment llm"]
+    assert [e["message"] for e in kube.events] == [
+        "Created NetworkPolicy llm, Deployment llm, PodDisruptionBudget llm"
+    ]
+
+
+def kinds(children: list[Obj]) -> list[str]:
+    return [child["kind"] for child in children]
+
+
+def test_waves_make_pods_last_and_scale_what_exists() -> None:
+    """What a pod needs comes before the Deployment or Job that makes it, a ScaledObject after the
+    Deployment it scales; the rest goes with the wave before it."""
+    desired = [
+        {"kind": kind}
+        for kind in (
+            "NetworkPolicy",
+            "ConfigMap",
+            "Deployment",
+            "Service",
+            "PodDisruptionBudget",
+            "ScaledObject",
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "ConfigMap",
+            "Deployment",
+            "Service",
+            "InferencePool",
+            "HTTPRoute",
+            "Job",
+        )
+    ]
+    assert [kinds(wave) for wave in apply.waves(desired)] == [
+        ["NetworkPolicy", "ConfigMap"],
+        ["Deployment", "Service", "PodDisruptionBudget"],
+        ["ScaledObject", "ServiceAccount", "Role", "RoleBinding", "ConfigMap"],
+        ["Deployment", "Service", "InferencePool", "HTTPRoute"],
+        ["Job"],
+    ]
+    assert [kinds(wave) for wave in apply.waves(desired[2:5])] == [
+        ["Deployment", "Service", "PodDisruptionBudget"]
+    ]
+    assert apply.waves([]) == []
+
+
+class MeetingKube(RecordingKube):
+    """Holds each apply until `together` applies are in flight at once (or a timeout), and notes which
+    kinds were in flight together."""
+
+    def __init__(self, together: int) -> None:
+        super().__init__()
+        self.barrier = threading.Barrier(together, timeout=5)
+        self.met: list[str] = []
+
+    def apply(self, manifest: Obj, plural: str) -> Obj:
+        if manifest["kind"] in ("Deployment", "Service", "PodDisruptionBudget"):
+            self.barrier.wait()  # BrokenBarrierError after 5 s: they were not sent at once
+            self.met.append(manifest["kind"])
+        return super().apply(manifest, plural)
+
+
+def test_the_writes_of_a_wave_are_in_flight_at_once() -> None:
+    """A new service's Deployment, Service and PDB wait on the API server together, not one after another:
+    each of the three applies returns only once all three have been sent."""
+    kube = MeetingKube(together=3)
+    outcome = run_pass(kube, cache_with(OWNER))
+    assert sorted(kube.met) == ["Deployment", "PodDisruptionBudget", "Service"]
+    assert outcome.result == "applied" and outcome.writes == 4 and outcome.problems == []
 
 
 @pytest.mark.parametrize(

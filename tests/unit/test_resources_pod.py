@@ -1,6 +1,6 @@
-"""The runtime pod's node cache folder and environment (operator/resources/pod.py): what isolates one
-namespace's cached models from another's is built by the operator, and no variable the operator sets is the
-user's to redefine (issue #40 §5)."""
+"""The runtime pod's node cache folder, environment and placement (operator/resources/pod.py): what
+isolates one namespace's cached models from another's is built by the operator, no variable the operator
+sets is the user's to redefine (issue #40 §5), and the replicas spread across nodes (issue #41)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.api.model import NODE_CACHE_ROOT
 from pagoda.operator.api.rules import OPERATOR_ENV
 from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children
+from pagoda.operator.resources.meta import selector
 from pagoda.operator.resources.pod import node_cache_host_path
 
 PUBLIC_KEY = """-----BEGIN PUBLIC KEY-----
@@ -71,3 +72,27 @@ def test_the_operator_sets_only_reserved_variables_and_each_once(llama_spec: dic
     assert set(names) - {"LOG_LEVEL"} == set(OPERATOR_ENV) - {"POD_NAMESPACE"}
     for init in pod["initContainers"]:
         assert set(var["name"] for var in init.get("env", [])) <= set(OPERATOR_ENV)
+
+
+def test_replicas_spread_across_nodes_by_default(llama_spec: dict[str, Any]) -> None:
+    """One node drained or lost takes as few replicas as the cluster allows (issue #41): preferred, not
+    required, so a one-node cluster or a full node still runs every replica."""
+    [spread] = _pod(llama_spec)["topologySpreadConstraints"]
+    assert spread == {
+        "maxSkew": 1,
+        "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "ScheduleAnyway",
+        "labelSelector": {"matchLabels": selector("llm")},
+        "matchLabelKeys": ["pod-template-hash"],
+    }
+
+
+def test_the_specs_spread_replaces_the_default_and_an_empty_one_turns_it_off(
+    llama_spec: dict[str, Any],
+) -> None:
+    zone = "topology.kubernetes.io/zone"
+    zones = [{"maxSkew": 2, "topologyKey": zone, "whenUnsatisfiable": "DoNotSchedule"}]
+    llama_spec["scheduling"] = {"topologySpreadConstraints": zones}
+    assert _pod(llama_spec)["topologySpreadConstraints"] == zones
+    llama_spec["scheduling"] = {"topologySpreadConstraints": []}
+    assert "topologySpreadConstraints" not in _pod(llama_spec)
