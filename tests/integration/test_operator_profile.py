@@ -5,7 +5,10 @@ the SLO changes (deleting the old one) and removes both when spec.slo goes.
 Tier 2 has no kubelet that runs the runtime (the real profile runs in e2e/test_capacity_profile.py): here the
 pod's end is written into its status as the kubelet would write it (the container terminated with the
 runtime's result as its termination message), and the real Job controller turns that into the Job's
-Complete condition."""
+Complete condition. The services' pods select a node no one has (UNBOUND), so they stay unscheduled and
+kwok never plays its stages on them: its pod-complete stage ends a Job's pod by itself, without a
+termination message, and when that raced the test's own end (a CI run, with tier 3 beside it), the operator
+read the Job's end before the message and reported the profile unreadable."""
 
 from __future__ import annotations
 
@@ -14,7 +17,8 @@ import time
 from typing import Any
 
 from harness import OperatorProcess, wait_until
-from isvc import condition, create, get, patch
+from isvc import condition, get, patch
+from isvc import create as create_service
 from kubernetes import client
 
 from pagoda.operator.kube.client import Kube
@@ -52,6 +56,14 @@ RESULT = {
         },
     ],
 }
+
+
+UNBOUND = {"nodeSelector": {"pagoda.dev/test-node": "none"}}  # no node has it: the pods are never bound
+
+
+def create(api: client.CustomObjectsApi, name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """The InferenceService, its pods (the replicas' and the profile Job's) never bound to a node."""
+    return create_service(api, name, namespace, scheduling=UNBOUND, **spec)
 
 
 def jobs(raw: Kube, namespace: str, name: str) -> list[dict[str, Any]]:
