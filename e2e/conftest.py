@@ -2,7 +2,7 @@
 
 import pytest
 
-from e2e.fixtures import cluster, cluster_api, namespace, operator, stack  # noqa: F401
+from e2e.fixtures import cluster, cluster_api, namespace, operator, second_node, stack  # noqa: F401
 
 
 @pytest.fixture(scope="session")

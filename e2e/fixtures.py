@@ -1,6 +1,7 @@
 """pytest fixtures for tests against the real local control plane.
 
 `cluster` (session): a private control plane in a temp dir, or the one at $PAGODA_KUBECONFIG.
+`second_node` (module): pagoda-kubelet-1 beside the real node, for the tests that need two; removed after.
 `namespace` (function): a fresh namespace, deleted afterwards.
 Re-export them from a conftest.py:  from e2e.fixtures import cluster, namespace, real_node  # noqa: F401
 """
@@ -57,14 +58,14 @@ def cluster(request: pytest.FixtureRequest, real_node: bool) -> Iterator[Cluster
         f"\nStarted the local control plane at {instance.server} in {time.monotonic() - began:.1f}s "
         f"(workdir {instance.workdir})."
     )
-    node = instance.node
     try:
         yield instance
     finally:
+        nodes = instance.real_nodes  # node 0 and any second node a test left running
         instance.stop()
-        if node is not None:  # `down` leaves nothing behind: no process, mount, cgroup, link or table
+        for node in nodes:  # `down` leaves nothing behind: no process, mount, cgroup, link or table
             left = realnode.leftovers(node)
-            assert not left, f"The real node left these behind: {left}"
+            assert not left, f"The real node {node.name} left these behind: {left}"
         if request.session.testsfailed == 0:
             shutil.rmtree(instance.workdir, ignore_errors=True)
         else:
@@ -82,6 +83,34 @@ def stack(cluster: Cluster) -> Iterator[Stack]:
         yield running
     finally:
         running.stop()
+
+
+SECOND_NODE_TIMEOUT = 120.0
+
+
+@pytest.fixture(scope="module")
+def second_node(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[realnode.RealNode]:
+    """A second real node, pagoda-kubelet-1, beside the session's (Cluster.add_node): its own containerd,
+    kubelet, cgroup root, bridge and /24, served by node 0's kube-proxy, CoreDNS and NetworkPolicy agent.
+    Only for the modules that ask for it: its containerd starts with an empty store, so each image its pods
+    run is pulled from the local registry again (the 7 GB runtime image: minutes). A module whose pods run
+    the runtime there sets `SECOND_NODE_PREPULL = <image>`: the kubelet then pulls it in the background from
+    the start (realnode.prepull), while the module's first tests run. Removed after the module (cordoned, its
+    pods deleted, its processes ended), and it must leave nothing behind."""
+    if os.environ.get("PAGODA_KUBECONFIG"):
+        pytest.fail("The second node joins a private cluster: unset PAGODA_KUBECONFIG.", pytrace=False)
+    if cluster.node is None:
+        pytest.fail("A second real node joins the first (tier 4's cluster).", pytrace=False)
+    began = time.monotonic()
+    prepull = getattr(request.module, "SECOND_NODE_PREPULL", None)
+    node = cluster.add_node(timeout=SECOND_NODE_TIMEOUT, prepull=prepull)
+    print(f"\nStarted {node.name} at {node.network.address} in {time.monotonic() - began:.1f}s.")
+    try:
+        yield node
+    finally:
+        cluster.remove_node(node.name)
+        left = realnode.leftovers(node.network)
+        assert not left, f"{node.name} left these behind: {left}"
 
 
 @contextlib.contextmanager

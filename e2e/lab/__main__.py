@@ -2,6 +2,7 @@
 (e2e/lab/stack.py) and Pagoda installed, detached, for people (tests start private ones: e2e/fixtures.py).
 
     python -m e2e.lab up      # kubeconfig at .pagoda-dev/kubeconfig
+    python -m e2e.lab up --nodes 2   # with a second real node, pagoda-kubelet-1
     python -m e2e.lab down
 """
 
@@ -23,7 +24,9 @@ from e2e.lab.stack import start_stack
 def _cmd_up(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir)
     existing = Cluster.load_state(workdir)
-    if existing is not None and all_alive(existing.pids, existing.bin_dir):
+    if existing is not None and all(
+        all_alive(pids, existing.bin_dir) for pids in (existing.pids, *existing.node_pids.values())
+    ):
         print(f"The local control plane is already running at {existing.server}.")
         _print_usage(existing, Path(args.kubeconfig))
         return 0
@@ -32,7 +35,7 @@ def _cmd_up(args: argparse.Namespace) -> int:
     # A new cluster each time: etcd's data from the last one holds objects signed by the old keys.
     shutil.rmtree(workdir / "etcd", ignore_errors=True)
     began = time.monotonic()
-    cluster = start(workdir, detach=True, real_node=args.real_node)
+    cluster = start(workdir, detach=True, real_node=args.real_node, nodes=args.nodes)
     try:
         stack = start_stack(cluster, detach=True)
     except BaseException:
@@ -82,6 +85,12 @@ def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
             f"  real node           {realnode.NODE_NAME} at {cluster.node.address}: kubelet, containerd, "
             f"kube-proxy (label {realnode.NODE_LABEL}; config in {cluster.workdir}/node)"
         )
+    for name, net in cluster.more_nodes.items():
+        print(
+            f"  real node           {name} at {net.address}: kubelet, containerd (config in "
+            f"{realnode.NodePaths.of(net).root}; node 0's kube-proxy, DNS and NetworkPolicy agent)"
+        )
+    if cluster.node is not None:
         print(f"  cluster DNS         CoreDNS at {cluster.node.address}:53 (nothing forwarded)")
         print("  prometheus (pods)   http://prometheus-operated.monitoring.svc:9090 (the default)")
     print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
@@ -111,9 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         "--no-real-node",
         dest="real_node",
         action="store_false",
-        help="`up` without the real node and the registry (one real node per machine: e2e/lab/realnode.py)",
+        help="`up` without the real node and registry (one real cluster per machine: e2e/lab/realnode.py)",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="`up` with this many real nodes (2: pagoda-kubelet-1 too, with the runtime image pre-pulled)",
     )
     args = parser.parse_args(argv)
+    if args.nodes > 1 and not args.real_node:
+        parser.error("--nodes 2 needs the real node (leave out --no-real-node)")
     try:
         return _cmd_up(args) if args.command == "up" else _cmd_down(args)
     except (ToolsMissingError, StartError) as exc:

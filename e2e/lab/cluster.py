@@ -8,6 +8,8 @@ Pagoda's images.
 
 Tests use e2e/fixtures.py, which starts a private instance of the same cluster in a temp dir.
 Every process started is recorded by PID (the state file in the workdir) and `stop()` ends exactly those.
+`Cluster.add_node()` adds a second real node (pagoda-kubelet-1) to a running cluster with a real node, and
+`remove_node` takes it away again; `start(..., nodes=2)` starts with both.
 """
 
 from __future__ import annotations
@@ -97,7 +99,13 @@ class Cluster:
     pids: dict[str, int] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)  # the add-ons' endpoints, for people
     node: realnode.NodeNetwork | None = None  # the real node's network, when this cluster has one
+    # Real nodes beside node 0 (add_node): name -> its network, and name -> component -> PID. Apart from
+    # `pids`, whose names are the components' (a second node's containerd is `containerd` too).
+    more_nodes: dict[str, realnode.NodeNetwork] = field(default_factory=dict)
+    node_pids: dict[str, dict[str, int]] = field(default_factory=dict)
     _launcher: Launcher | None = field(default=None, repr=False, compare=False)
+    _pki: Pki | None = field(default=None, repr=False, compare=False)  # to sign a new node's certificates
+    _node_launchers: dict[str, Launcher] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: Path, bin_dir: Path | None = None) -> Cluster:
@@ -158,9 +166,101 @@ class Cluster:
         )
         return time.monotonic() - began
 
+    @property
+    def real_nodes(self) -> list[realnode.NodeNetwork]:
+        """Every real node's network, node 0 first."""
+        return ([self.node] if self.node is not None else []) + list(self.more_nodes.values())
+
+    def add_node(self, timeout: float = 120.0, prepull: str | None = None) -> realnode.RealNode:
+        """Adds the next real node (pagoda-kubelet-1, ...) to this running cluster with a real node: its own
+        bridge and /24, containerd and kubelet (e2e/lab/realnode.py start_extra), pulling from the same
+        registry; node 0's kube-proxy, CoreDNS and NetworkPolicy agent serve it too. Returns once the node is
+        Ready with its GPUs; with `prepull`, the kubelet then pulls that image in the background (each node's
+        containerd has a store of its own: the 7 GB runtime image costs minutes, so only on request)."""
+        if self.node is None or self._pki is None or "registry" not in self.urls:
+            raise RuntimeError(
+                "add_node needs a cluster with a real node that this process started (it signs the new "
+                "node's certificates with the cluster CA); for `make cluster-up` use `up --nodes 2`."
+            )
+        taken = {net.index for net in self.more_nodes.values()}
+        index = next(i for i in range(1, len(taken) + 2) if i not in taken)  # the lowest free, from 1
+        launcher = self._launcher
+        detach = launcher.detach if launcher is not None else True
+        network = realnode.NodeNetwork.create_extra(self.node, index)
+        name = network.name
+        self.more_nodes[name], self.node_pids[name] = network, {}
+        self._node_launchers[name] = Launcher(self.bin_dir, self.workdir / "logs" / name, detach=detach)
+        self.save_state()
+        try:
+            node = realnode.start_extra(
+                self,
+                self._node_launchers[name],
+                network,
+                self._pki,
+                self.urls["registry"],
+                self.node_pids[name],
+                time.monotonic() + timeout,
+            )
+        except BaseException:
+            self.remove_node(name)
+            raise
+        if prepull is not None:
+            realnode.prepull(self, prepull, name)
+        return node
+
+    def lose_node(self, name: str) -> None:
+        """Node `name` (one add_node made) fails as a machine losing its power does (realnode.power_off): its
+        link goes down, its kubelet, containerd and every container die by SIGKILL, and nothing tells the
+        API server, which learns it as a cluster does: the node's lease runs out (the controller manager's
+        node-monitor grace period), the node goes Unknown and NotReady, its pods' endpoints go, and its
+        pods are evicted once their `node.kubernetes.io/unreachable` toleration runs out. `remove_node`
+        takes what is left away."""
+        network = self.more_nodes[name]
+        pids = self.node_pids[name]
+        realnode.power_off(network, pids)
+        pids.clear()  # dead: remove_node neither drains through its kubelet nor stops them
+        self.save_state()
+
+    def remove_node(self, name: str) -> None:
+        """Takes node `name` (one add_node made) away while the cluster runs on: cordoned, its pods deleted
+        while its kubelet still runs (replacements go to the other nodes), its kubelet and containerd ended
+        by PID, everything it made on the machine removed (realnode.teardown) and its Node object deleted.
+        Node 0's pods and Services go on being served throughout."""
+        network = self.more_nodes.get(name)
+        if network is None:
+            return
+        pids = self.node_pids.get(name, {})
+        if "kubelet" in pids:
+            self.kubectl("cordon", name, check=False)
+            realnode.drain(self, node=name)
+        launcher = self._node_launchers.pop(name, None)
+        own = launcher.procs if launcher else {}
+        for component in reversed(list(pids)):
+            if component in own:
+                own[component].stop()
+            else:  # started by an earlier `python -m e2e.lab up`
+                terminate(pids[component], ComponentProcess.STOP_GRACE, program(self.bin_dir, component))
+        realnode.teardown(network, self.bin_dir)
+        self.kubectl("delete", "node", name, "--ignore-not-found", check=False)
+        if "kubelet" not in pids:  # a lost node: no kubelet will ever confirm its pods' end
+            self.kubectl(
+                "delete",
+                "pods",
+                "--all-namespaces",
+                f"--field-selector=spec.nodeName={name}",
+                "--grace-period=0",
+                "--force",
+                check=False,
+            )
+        del self.more_nodes[name], self.node_pids[name]
+        self.save_state()
+
     def stop(self) -> None:
         """Ends exactly the processes this cluster started (by PID), most dependent first, after the real
-        node's pods were drained; then removes what the real node made (e2e/lab/realnode.py teardown)."""
+        node's pods were drained; then removes what the real node made (e2e/lab/realnode.py teardown).
+        Second nodes go first (remove_node): node 0 runs what they share."""
+        for name in list(self.more_nodes):
+            self.remove_node(name)
         if not self.pids:
             return
         if self.node is not None and "kubelet" in self.pids:
@@ -186,6 +286,10 @@ class Cluster:
             "pids": self.pids,
             "urls": self.urls,
             "node": dataclasses.asdict(self.node) if self.node else None,
+            "more_nodes": {
+                name: {"network": dataclasses.asdict(net), "pids": self.node_pids.get(name, {})}
+                for name, net in self.more_nodes.items()
+            },
         }
         (self.workdir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
@@ -195,6 +299,7 @@ class Cluster:
         if not path.is_file():
             return None
         state = json.loads(path.read_text())
+        more = state.get("more_nodes") or {}
         return cls(
             workdir=workdir,
             bin_dir=Path(state["bin_dir"]),
@@ -203,6 +308,8 @@ class Cluster:
             pids={k: int(v) for k, v in state["pids"].items()},
             urls=state.get("urls", {}),
             node=realnode.NodeNetwork(**state["node"]) if state.get("node") else None,
+            more_nodes={name: realnode.NodeNetwork(**entry["network"]) for name, entry in more.items()},
+            node_pids={name: {k: int(v) for k, v in entry["pids"].items()} for name, entry in more.items()},
         )
 
 
@@ -348,13 +455,17 @@ def start(
     detach: bool = False,
     timeout: float = START_TIMEOUT,
     real_node: bool = False,
+    nodes: int = 1,
 ) -> Cluster:
     """Starts every component, then waits until the API serves, controllers and scheduler are healthy,
     the fake GPU nodes are Ready and the third-party CRDs are Established. With `real_node`, also the local
     registry (with `make images`' images pushed) and a kubelet + containerd node (e2e/lab/realnode.py); the
-    API server then serves on that node's bridge address, where its pods reach it."""
+    API server then serves on that node's bridge address, where its pods reach it. `nodes`: how many real
+    nodes (the ones after the first: Cluster.add_node, with the runtime image pre-pulled on each)."""
     bin_dir = (bin_dir or default_bin_dir()).resolve()
     check_bin_dir(bin_dir, real_node)
+    if nodes > 1 and not real_node:
+        raise ValueError("A second real node needs the first (real_node=True).")
     workdir = workdir.resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     network = realnode.NodeNetwork.create(workdir) if real_node else None
@@ -371,7 +482,7 @@ def start(
     write_kubeconfig(kubeconfig, server, pki)
     launcher = Launcher(bin_dir, workdir / "logs", detach=detach)
     cluster = Cluster(
-        workdir, bin_dir, kubeconfig, server, _launcher=None if detach else launcher, node=network
+        workdir, bin_dir, kubeconfig, server, _launcher=None if detach else launcher, node=network, _pki=pki
     )
     deadline = time.monotonic() + timeout
     try:
@@ -408,6 +519,8 @@ def start(
             api.close()
         if network is not None:
             start_real_node(cluster, launcher, network, pki)
+        for _ in range(nodes - 1):
+            cluster.add_node(prepull=images.runtime_cpu_image())
     except BaseException:
         cluster.stop()
         raise

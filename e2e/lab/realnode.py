@@ -8,9 +8,15 @@ connection to a pod goes to it through NFQUEUE). Only the GPU is simulated: the 
 advertises `nvidia.com/gpu` as a node-level extended resource (the one fake), so that Pagoda's GPU pods
 schedule here unchanged.
 
-    network = NodeNetwork.create()        # before kube-apiserver, which serves on network.address
-    node = RealNode.start(cluster, launcher, network, registry, deadline)
-    node.stop()                           # pods, processes, mounts, cgroups, links, nftables: all gone
+    network = NodeNetwork.create(workdir)  # before kube-apiserver, which serves on network.address
+    node = start(cluster, launcher, network, pki, registry, deadline)
+    teardown(network)                      # pods, processes, mounts, cgroups, links, nftables: all gone
+
+A second node, `pagoda-kubelet-1`, can join a running cluster (`start_extra`, through
+e2e/lab/cluster.py `Cluster.add_node`): its own containerd, kubelet, cgroup root, bridge and /24, on the same
+machine. It runs no host services of its own: node 0's kube-proxy, CoreDNS and kube-network-policies serve
+both, because every packet between pods of the two nodes is routed through this one host, whose netfilter
+hooks are the same for both bridges (kube-proxy's DNAT, the agent's NFQUEUE rule, the guard table).
 
 No packet leaves the machine:
 - pods get an address on the node's bridge and routes for the pod and Service ranges only, never a default
@@ -22,9 +28,9 @@ No packet leaves the machine:
 - containerd sends every registry (its catch-all `_default` host) to the local registry, so a missing image
   fails at once with ErrImagePull instead of a lookup elsewhere.
 
-One real node per machine at a time: kube-proxy's and kube-network-policies' nftables tables (and the
-latter's NFQUEUE number) are fixed, so a second node's would rewrite the first one's. `NodeNetwork.create`
-refuses with the owner's workdir.
+One real cluster per machine at a time: kube-proxy's and kube-network-policies' nftables tables (and the
+latter's NFQUEUE number) are fixed, so a second cluster's would rewrite the first one's. `NodeNetwork.create`
+refuses with the owner's workdir; a cluster's own second node shares them (above).
 
 Names share the prefix `pgk` (links) and `pagoda-node-` (cgroups, nftables), with the node's id; a record
 per node in RUN_DIR lets `sweep()` remove what a node whose processes died left behind.
@@ -51,7 +57,7 @@ import yaml
 from e2e.lab import _objects, _pki, clusterdns, podnet
 from e2e.lab.processes import Launcher, free_ports
 
-NODE_NAME = "pagoda-kubelet-0"
+NODE_NAME = "pagoda-kubelet-0"  # node 0, which also runs the host services (HOST_SERVICES)
 # The node is not tainted: kwok's simulated nodes are (e2e/lab/_objects.py KWOK_TAINT) when a real node runs,
 # so a plain pod lands here and only pods that ask for simulation (the toleration, `type: kwok`) go there.
 NODE_LABEL = "pagoda.dev/real-node"
@@ -68,11 +74,22 @@ CNI_NETWORK = "pagoda"
 # by absolute path or need nothing from there.
 KUBELET_PATH = "/usr/local/bin:/usr/bin:/bin"
 NODE_COMPONENTS = ("containerd", "kubelet", "kube-proxy", "kube-network-policies", "coredns")
+# What node 0 runs for the whole machine, and so for every node of its cluster (a second node runs only the
+# rest of NODE_COMPONENTS: its containerd and kubelet).
+HOST_SERVICES = ("kube-proxy", "kube-network-policies", "coredns")
+EXTRA_COMPONENTS = tuple(name for name in NODE_COMPONENTS if name not in HOST_SERVICES)
 # kube-network-policies' nftables tables: its controller's (inet; it cannot install it on a kernel without
 # nftables' queue expression), and the one our main (e2e/lab/tools/netpol) queues with the xtables target
 # instead (ip); and its client certificate's name.
 NETPOL_TABLES = (("inet", "kube-network-policies"), ("ip", "pagoda-netpol-queue"))
 NETPOL_USER = "system:kube-network-policies"
+# What the agent queues: every real node's subnet, not only node 0's. One agent serves the cluster's nodes:
+# a second one cannot run beside it (the tables above and NFQUEUE 100 are fixed), and needs not: every packet
+# between pods crosses this host's postrouting hook (routed between bridges, or bridged with bridge
+# netfilter on), and the controller decides it by the pods it finds at the packet's two addresses in its
+# informer of all the cluster's pods (v0.8.0 `evaluatePacket`), whichever node runs them. Its node name
+# matters only for its own nftables table, which this kernel cannot load anyway.
+NETPOL_QUEUE_CIDR = str(podnet.REAL_SUBNETS)
 # What its informers read: pods (their labels and IPs), namespaces (their labels) and the policies. No Node
 # informer: upstream's main makes one only for the admin network policies, which the harness does not enable.
 NETPOL_RBAC: list[dict[str, Any]] = [
@@ -121,12 +138,33 @@ def _cgroup_controllers() -> list[Path]:
 @dataclass
 class NodeNetwork:
     """The host side of the node: its bridge (pods' subnet and the node's address), the Service range's
-    sink, the routes and the guard table. Made before kube-apiserver, which serves on `address`."""
+    sink, the routes and the guard table. Made before kube-apiserver, which serves on `address`.
+
+    Node 0 (`index` 0) is the cluster's first; a second node's network (`create_extra`) has a bridge, a
+    subnet and a guard table of its own but no sink: node 0's carries the Service range for the host."""
 
     node_id: str
     subnet: str
     workdir: str
     owner_pid: int  # the harness process that made it (or containerd's, once `make cluster-up` detaches)
+    index: int = 0  # which node of its cluster: its name is pagoda-kubelet-<index>
+
+    @property
+    def name(self) -> str:
+        return f"pagoda-kubelet-{self.index}"
+
+    @property
+    def primary(self) -> bool:
+        """Whether this is node 0, which owns what the host has once: the Service range's sink and route,
+        kube-proxy's and kube-network-policies' tables (HOST_SERVICES)."""
+        return self.index == 0
+
+    @property
+    def cni_network(self) -> str:
+        """The CNI network's name, which names its cached results in /var/lib/cni/results (`<name>-<container
+        id>-<ifname>`, whatever containerd's config says): one per node, so that a node's teardown removes
+        its own only. Node 0 keeps the name it always had."""
+        return CNI_NETWORK if self.primary else f"{CNI_NETWORK}-node{self.index}"
 
     @property
     def bridge(self) -> str:
@@ -139,6 +177,11 @@ class NodeNetwork:
     @property
     def table(self) -> str:
         return f"pagoda-node-{self.node_id}"
+
+    @property
+    def lost_table(self) -> str:
+        """The table that cuts the node off when it loses its power (`power_off`)."""
+        return f"{self.table}-lost"
 
     @property
     def cgroup_root(self) -> str:
@@ -161,15 +204,26 @@ class NodeNetwork:
                 f"{other.owner_pid}); one at a time (its nftables tables have fixed names). Stop it "
                 "first (`make cluster-down` for the one of `make cluster-up`)."
             )
-        net = cls(uuid.uuid4().hex[:6], str(podnet.free_subnet()), str(workdir), os.getpid())
+        return cls(uuid.uuid4().hex[:6], str(podnet.free_subnet()), str(workdir), os.getpid())._made()
+
+    @classmethod
+    def create_extra(cls, first: NodeNetwork, index: int) -> NodeNetwork:
+        """The network of node `index` (1, ...) of the cluster whose node 0 has `first`: the next free /24 of
+        REAL_SUBNETS and a bridge of its own, routed to node 0's through the host."""
+        if not first.primary or not first.record.exists():
+            raise NodeError(f"Node {index} joins a running node 0; {first.record} is not one.")
+        net = cls(uuid.uuid4().hex[:6], str(podnet.free_subnet()), first.workdir, os.getpid(), index)
+        return net._made()
+
+    def _made(self) -> NodeNetwork:
         RUN_DIR.mkdir(parents=True, exist_ok=True)
-        net.save()
+        self.save()
         try:
-            net._up()
+            self._up()
         except BaseException:
-            net.down()
+            self.down()
             raise
-        return net
+        return self
 
     def save(self) -> None:
         self.record.write_text(json.dumps(asdict(self)) + "\n")
@@ -180,14 +234,19 @@ class NodeNetwork:
         run("ip", "addr", "add", f"{self.address}/{prefix}", "dev", self.bridge)
         # Bridged replies between two pods of one bridge pass netfilter, so that a Service's DNAT is undone
         # (pod -> ClusterIP -> pod on the same node); and packets that arrive on the bridge may be routed
-        # back out of it (that same hairpin). Nothing else is forwarded: the guard table drops it.
+        # back out of it (that same hairpin) or to another node's bridge (per input interface: the host's
+        # ip_forward stays 0). Nothing else is forwarded: the guard table drops it.
         run("ip", "link", "set", self.bridge, "type", "bridge", "nf_call_iptables", "1")
         Path(f"/proc/sys/net/ipv4/conf/{self.bridge}/forwarding").write_text("1\n")
         run("ip", "link", "set", self.bridge, "up")
-        run("ip", "link", "add", self.sink, "type", "ifb")
-        run("ip", "link", "set", self.sink, "up")
+        if self.primary:
+            run("ip", "link", "add", self.sink, "type", "ifb")
+            run("ip", "link", "set", self.sink, "up")
         run("ip", "route", "replace", "unreachable", POD_RANGE)
-        run("ip", "route", "replace", SERVICE_RANGE, "dev", self.sink, "src", self.address)
+        if self.primary:
+            run("ip", "route", "replace", SERVICE_RANGE, "dev", self.sink, "src", self.address)
+        # Every node has the same table under its own name: its rules name all the harness's links and
+        # ranges, so whichever node's network is left (a sweep removes them one by one) still guards.
         ranges = f"{{ {POD_RANGE}, {SERVICE_RANGE} }}"
         own = f'oifname != "lo" oifname != "{LINK_PREFIX}*"'
         run(
@@ -220,14 +279,18 @@ class NodeNetwork:
         return total
 
     def down(self) -> None:
-        """Removes the links, routes and table (the pods' veths went with their namespaces)."""
-        run("nft", "delete", "table", "inet", self.table, check=False)
-        run("ip", "route", "delete", SERVICE_RANGE, "dev", self.sink, check=False)
-        for link in (self.sink, self.bridge):
+        """Removes the links, routes and table (the pods' veths went with their namespaces), and the
+        conntrack entries: node 0's of both ranges, a second node's of its own subnet only (node 0's
+        connections, DNAT included, live on)."""
+        for table in (self.table, self.lost_table):
+            run("nft", "delete", "table", "inet", table, check=False)
+        if self.primary:
+            run("ip", "route", "delete", SERVICE_RANGE, "dev", self.sink, check=False)
+        for link in (self.sink, self.bridge) if self.primary else (self.bridge,):
             run("ip", "link", "delete", link, check=False)
         podnet.release_pod_range()
         for proto_range in ("-s", "-d"):
-            for cidr in (POD_RANGE, SERVICE_RANGE):
+            for cidr in (POD_RANGE, SERVICE_RANGE) if self.primary else (self.subnet,):
                 run("conntrack", "-D", proto_range, cidr, check=False)
         self.record.unlink(missing_ok=True)
 
@@ -242,10 +305,16 @@ def _records() -> list[NodeNetwork]:
     return nets
 
 
+def teardown_order(nets: list[NodeNetwork]) -> list[NodeNetwork]:
+    """Second nodes before node 0: node 0's network holds what they share (the Service range's sink and
+    route, the host services' tables), so it goes last, as `Cluster.stop` does it."""
+    return sorted(nets, key=lambda net: (-net.index, net.node_id))
+
+
 def sweep() -> list[str]:
     """Tears down every node whose owner is gone (a harness that was killed); returns their workdirs."""
     removed = []
-    for net in _records():
+    for net in teardown_order(_records()):
         if not podnet.alive(net.owner_pid):
             teardown(net)
             removed.append(net.workdir)
@@ -254,13 +323,24 @@ def sweep() -> list[str]:
 
 @dataclass
 class NodePaths:
-    """Where one node keeps its configuration and state (all under WORKDIR/node)."""
+    """Where one node keeps its configuration and state (all under WORKDIR/node for node 0, WORKDIR/node-<i>
+    for node i)."""
 
     root: Path
 
     @classmethod
-    def under(cls, workdir: Path) -> NodePaths:
-        return cls(workdir / "node")
+    def under(cls, workdir: Path, index: int = 0) -> NodePaths:
+        return cls(workdir / ("node" if index == 0 else f"node-{index}"))
+
+    @classmethod
+    def of(cls, net: NodeNetwork) -> NodePaths:
+        return cls.under(Path(net.workdir), net.index)
+
+    @property
+    def marker(self) -> str:
+        """What a command line naming this node's files contains (its root with the slash: node 0's root,
+        WORKDIR/node, is a prefix of node 1's, WORKDIR/node-1)."""
+        return f"{self.root}/"
 
     @property
     def resolv_conf(self) -> Path:
@@ -330,7 +410,7 @@ def _registry_hosts(registry: str) -> str:
 def _cni_config(net: NodeNetwork, paths: NodePaths) -> dict[str, Any]:
     return {
         "cniVersion": "1.0.0",
-        "name": CNI_NETWORK,
+        "name": net.cni_network,
         "plugins": [
             {
                 "type": "bridge",
@@ -352,8 +432,9 @@ def _cni_config(net: NodeNetwork, paths: NodePaths) -> dict[str, Any]:
 
 
 def _kubelet_config(
-    net: NodeNetwork, paths: NodePaths, pki: _pki.Pki, port: int, healthz: int
+    net: NodeNetwork, paths: NodePaths, pki: _pki.Pki, port: int, healthz: int, dns: str
 ) -> dict[str, Any]:
+    """`dns`: CoreDNS's address, node 0's (one CoreDNS serves the cluster)."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -377,8 +458,8 @@ def _kubelet_config(
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": net.cgroup_root,
         "failSwapOn": False,
-        # Pods get the cluster's DNS (CoreDNS on the node's address), never the host's resolver.
-        "clusterDNS": [net.address],
+        # Pods get the cluster's DNS (CoreDNS on node 0's address), never the host's resolver.
+        "clusterDNS": [dns],
         "clusterDomain": clusterdns.CLUSTER_DOMAIN,
         "resolvConf": "",
         "podLogsDir": str(paths.root / "pod-logs"),
@@ -431,43 +512,80 @@ class RealNode:
 
     @classmethod
     def configure(
-        cls, workdir: Path, bin_dir: Path, network: NodeNetwork, pki: _pki.Pki, server: str, registry: str
+        cls,
+        workdir: Path,
+        bin_dir: Path,
+        network: NodeNetwork,
+        pki: _pki.Pki,
+        server: str,
+        registry: str,
+        dns: str | None = None,
     ) -> tuple[RealNode, dict[str, list[str]]]:
-        """Writes every configuration file; returns the node and each component's arguments, in start
-        order (NODE_COMPONENTS)."""
-        paths = NodePaths.under(workdir)
+        """Writes every configuration file (under the node's folder, nothing else); returns the node and each
+        component's arguments, in start order (NODE_COMPONENTS for node 0, EXTRA_COMPONENTS for another).
+        `dns`: CoreDNS's address, node 0's (default: this node's own, for node 0)."""
+        paths = NodePaths.under(workdir, network.index)
         for sub in ("containerd/certs.d/_default", "cni", "cni-ipam", "kubelet", "pod-logs"):
             (paths.root / sub).mkdir(parents=True, exist_ok=True)
         (paths.root / "containerd.toml").write_text(_containerd_config(paths, bin_dir))
         (paths.root / "containerd/certs.d/_default/hosts.toml").write_text(_registry_hosts(registry))
-        (paths.root / "cni" / f"10-{CNI_NETWORK}.conflist").write_text(
+        (paths.root / "cni" / f"10-{network.cni_network}.conflist").write_text(
             json.dumps(_cni_config(network, paths), indent=2) + "\n"
         )
-        root = paths.root
+        root, name = paths.root, network.name
         _pki.issue_leaf(
             pki,
             root / "kubelet-client.crt",
             root / "kubelet-client.key",
-            f"system:node:{NODE_NAME}",
+            f"system:node:{name}",
             "system:nodes",
         )
         _pki.issue_leaf(
             pki,
             root / "kubelet.crt",
             root / "kubelet.key",
-            f"system:node:{NODE_NAME}",
+            f"system:node:{name}",
             "system:nodes",
             server_ips=(network.address,),
         )
-        _pki.issue_leaf(pki, root / "kube-proxy.crt", root / "kube-proxy.key", "system:kube-proxy")
         _pki.write_kubeconfig(
             root / "kubelet.kubeconfig",
             server,
             pki,
-            user=f"system:node:{NODE_NAME}",
+            user=f"system:node:{name}",
             cert=root / "kubelet-client.crt",
             key=root / "kubelet-client.key",
         )
+        kubelet_port, kubelet_healthz = free_ports(2)
+        (root / "kubelet.yaml").write_text(
+            yaml.safe_dump(
+                _kubelet_config(network, paths, pki, kubelet_port, kubelet_healthz, dns or network.address)
+            )
+        )
+        args = {
+            "containerd": [f"--config={root / 'containerd.toml'}", "--log-level=warn"],
+            "kubelet": [
+                f"--config={root / 'kubelet.yaml'}",
+                f"--kubeconfig={root / 'kubelet.kubeconfig'}",
+                f"--root-dir={paths.kubelet_dir}",
+                f"--cert-dir={root / 'kubelet-pki'}",
+                f"--hostname-override={name}",
+                f"--node-ip={network.address}",
+                f"--node-labels={NODE_LABEL}=true",
+                "--v=1",
+            ],
+        }
+        node = cls(network, paths, bin_dir, name)
+        node.healthz = {"kubelet": f"http://127.0.0.1:{kubelet_healthz}/healthz"}
+        if network.primary:
+            node._configure_host_services(pki, server, args)
+        return node, args
+
+    def _configure_host_services(self, pki: _pki.Pki, server: str, args: dict[str, list[str]]) -> None:
+        """Node 0's kube-proxy, CoreDNS and kube-network-policies (HOST_SERVICES), which serve every node of
+        the cluster: their certificates, configuration and arguments."""
+        network, paths, root = self.network, self.paths, self.paths.root
+        _pki.issue_leaf(pki, root / "kube-proxy.crt", root / "kube-proxy.key", "system:kube-proxy")
         _pki.write_kubeconfig(
             root / "kube-proxy.kubeconfig",
             server,
@@ -496,57 +614,38 @@ class RealNode:
             cert=root / "kube-network-policies.crt",
             key=root / "kube-network-policies.key",
         )
-        ports = free_ports(7)
-        kubelet_port, kubelet_healthz, proxy_healthz, proxy_metrics, dns_health, dns_ready, np_port = ports
+        proxy_healthz, proxy_metrics, dns_health, dns_ready, np_port = free_ports(5)
         (root / "Corefile").write_text(
             clusterdns.corefile(network.address, root / "coredns.kubeconfig", dns_health, dns_ready)
         )
         paths.resolv_conf.write_text(clusterdns.resolv_conf(network.address))
-        (root / "kubelet.yaml").write_text(
-            yaml.safe_dump(_kubelet_config(network, paths, pki, kubelet_port, kubelet_healthz))
-        )
         (root / "kube-proxy.yaml").write_text(
             yaml.safe_dump(_kube_proxy_config(network, paths, proxy_healthz, proxy_metrics))
         )
-        for hierarchy in _cgroup_controllers():  # kubelet wants its cgroup root to exist
-            (hierarchy / network.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
-        args = {
-            "containerd": [f"--config={root / 'containerd.toml'}", "--log-level=warn"],
-            "kubelet": [
-                f"--config={root / 'kubelet.yaml'}",
-                f"--kubeconfig={root / 'kubelet.kubeconfig'}",
-                f"--root-dir={paths.kubelet_dir}",
-                f"--cert-dir={root / 'kubelet-pki'}",
-                f"--hostname-override={NODE_NAME}",
-                f"--node-ip={network.address}",
-                f"--node-labels={NODE_LABEL}=true",
-                "--v=1",
-            ],
-            "kube-proxy": [f"--config={root / 'kube-proxy.yaml'}", "--v=1"],
-            "kube-network-policies": [
-                f"--kubeconfig={root / 'kube-network-policies.kubeconfig'}",
-                f"--hostname-override={NODE_NAME}",
-                f"--metrics-bind-address=127.0.0.1:{np_port}",
-                # NRI stays on, as upstream runs it: with it off, v0.8.0 looks an address that is no
-                # known pod's up in a nil plugin. containerd's NRI is off here (_containerd_config), so
-                # the plugin's dial fails once and the pod IPs come from the API server.
-                "--fail-open=false",  # new connections to pods drop while no agent answers the queue
-                # This kernel lacks nftables' queue expression (CONFIG_NFT_QUEUE), which the controller's own
-                # table needs: our main queues with the xtables NFQUEUE target instead (e2e/lab/tools/netpol).
-                f"--xt-queue-cidr={network.subnet}",
-                "--v=1",
-            ],
-            "coredns": [f"-conf={root / 'Corefile'}"],
-        }
-        node = cls(network, paths, bin_dir)
-        node.healthz = {
-            "kubelet": f"http://127.0.0.1:{kubelet_healthz}/healthz",
-            "kube-proxy": f"http://127.0.0.1:{proxy_healthz}/healthz",
-            # Our main's (e2e/lab/tools/netpol): once its informers synced; it programs its table right after.
-            "kube-network-policies": f"http://127.0.0.1:{np_port}/readyz",
-            "coredns": f"http://127.0.0.1:{dns_ready}/ready",  # once it has listed Services
-        }
-        return node, args
+        args["kube-proxy"] = [f"--config={root / 'kube-proxy.yaml'}", "--v=1"]
+        args["kube-network-policies"] = [
+            f"--kubeconfig={root / 'kube-network-policies.kubeconfig'}",
+            f"--hostname-override={NODE_NAME}",
+            f"--metrics-bind-address=127.0.0.1:{np_port}",
+            # NRI stays on, as upstream runs it: with it off, v0.8.0 looks an address that is no
+            # known pod's up in a nil plugin. containerd's NRI is off here (_containerd_config), so
+            # the plugin's dial fails once and the pod IPs come from the API server.
+            "--fail-open=false",  # new connections to pods drop while no agent answers the queue
+            # This kernel lacks nftables' queue expression (CONFIG_NFT_QUEUE), which the controller's own
+            # table needs: our main queues with the xtables NFQUEUE target instead (e2e/lab/tools/netpol).
+            f"--xt-queue-cidr={NETPOL_QUEUE_CIDR}",
+            "--v=1",
+        ]
+        args["coredns"] = [f"-conf={root / 'Corefile'}"]
+        self.healthz.update(
+            {
+                "kube-proxy": f"http://127.0.0.1:{proxy_healthz}/healthz",
+                # Our main's (e2e/lab/tools/netpol): once its informers synced; it programs its table right
+                # after.
+                "kube-network-policies": f"http://127.0.0.1:{np_port}/readyz",
+                "coredns": f"http://127.0.0.1:{dns_ready}/ready",  # once it has listed Services
+            }
+        )
 
 
 def start(
@@ -563,13 +662,50 @@ def start(
     node, args = RealNode.configure(cluster.workdir, cluster.bin_dir, network, pki, cluster.server, registry)
     rbac = [*clusterdns.RBAC, *NETPOL_RBAC]
     cluster.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rbac}))
+    _launch(cluster, launcher, node, args, cluster.pids, deadline)
+    return node
+
+
+def start_extra(
+    cluster: Any,
+    launcher: Launcher,
+    network: NodeNetwork,
+    pki: _pki.Pki,
+    registry: str,
+    pids: dict[str, int],
+    deadline: float,
+) -> RealNode:
+    """Starts a second node's containerd and kubelet (EXTRA_COMPONENTS) for `network` beside node 0
+    (`cluster.node`), whose kube-proxy, CoreDNS and kube-network-policies serve it too; waits until it is
+    Ready and advertises its (fake) GPUs as node 0 does. Their PIDs go into `pids`, which the caller saves
+    with the cluster's state."""
+    assert cluster.node is not None, "a second node joins a cluster with node 0"
+    node, args = RealNode.configure(
+        cluster.workdir, cluster.bin_dir, network, pki, cluster.server, registry, dns=cluster.node.address
+    )
+    _launch(cluster, launcher, node, args, pids, deadline)
+    return node
+
+
+def _launch(
+    cluster: Any,
+    launcher: Launcher,
+    node: RealNode,
+    args: dict[str, list[str]],
+    pids: dict[str, int],
+    deadline: float,
+) -> None:
+    """Starts the node's components in `args`' order, recording each PID in `pids` (and the cluster's
+    state) at once; then waits for their health, the node's Ready, and patches its GPUs in."""
     env = {
         # containerd finds its shim next to itself; kubelet sees no iptables (KUBELET_PATH).
         "containerd": {**os.environ, "PATH": f"{cluster.bin_dir}:{os.environ.get('PATH', '')}"},
         "kubelet": {**os.environ, "PATH": KUBELET_PATH},
     }
-    for name in NODE_COMPONENTS:
-        cluster.pids[name] = launcher.launch(name, args[name], env=env.get(name))
+    for hierarchy in _cgroup_controllers():  # kubelet wants its cgroup root to exist
+        (hierarchy / node.network.cgroup_root.lstrip("/")).mkdir(exist_ok=True)
+    for name, argv in args.items():
+        pids[name] = launcher.launch(name, argv, env=env.get(name))
         cluster.save_state()
         if name == "containerd":
             launcher.wait(
@@ -578,8 +714,9 @@ def start(
                 deadline,
                 log_of="containerd",
             )
-    network.owner_pid = cluster.pids["containerd"]
-    network.save()
+    node.network.owner_pid = pids["containerd"]
+    node.network.save()
+    cluster.save_state()
     for name, url in node.healthz.items():
         launcher.wait_http(name, url, deadline)
     api = cluster.api_client()
@@ -596,19 +733,19 @@ def start(
     cluster.kubectl(
         "patch", "node", node.name, "--subresource=status", "--type=json", f"-p={json.dumps(patch)}"
     )
-    return node
 
 
-PREPULL_POD = "pagoda-prepull"
+PREPULL_POD = "pagoda-prepull"  # node 0's; another node's is pagoda-prepull-<index>
 
 
-def prepull(cluster: Any, image: str) -> None:
+def prepull(cluster: Any, image: str, node: str = NODE_NAME) -> None:
     """Has the kubelet pull `image` in the background, as a pre-puller DaemonSet does on a real cluster: a
     Pod bound to the node (no scheduler, like a DaemonSet's) in kube-system whose container only exits 0.
     The first runtime pod of a session then finds the 7 GB CPU runtime image on the node instead of waiting
     about a minute for it. Through the CRI, so the image is recorded as any pod's pull is (its `imageID` is
     the registry's manifest digest); the kubelet pulls in parallel (`serializeImagePulls: false`), so other
-    pods' pulls do not queue behind it. Best effort: a pod that needs the image first pulls it itself."""
+    pods' pulls do not queue behind it. Best effort: a pod that needs the image first pulls it itself.
+    `node`: the node to pull onto (each node's containerd has a content store of its own)."""
     restricted = {
         "runAsNonRoot": True,
         "runAsUser": 65532,
@@ -619,9 +756,9 @@ def prepull(cluster: Any, image: str) -> None:
     pod = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": PREPULL_POD, "namespace": "kube-system"},
+        "metadata": {"name": prepull_pod(node), "namespace": "kube-system"},
         "spec": {
-            "nodeName": NODE_NAME,
+            "nodeName": node,
             "restartPolicy": "Never",
             "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": 0,
@@ -639,6 +776,12 @@ def prepull(cluster: Any, image: str) -> None:
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
 
 
+def prepull_pod(node: str) -> str:
+    """The name of `prepull`'s Pod for `node`."""
+    index = node.rsplit("-", 1)[1]
+    return PREPULL_POD if node == NODE_NAME else f"{PREPULL_POD}-{index}"
+
+
 def _socket_answers(path: Path) -> bool:
     with contextlib.closing(socket.socket(socket.AF_UNIX)) as sock:
         try:
@@ -648,14 +791,16 @@ def _socket_answers(path: Path) -> bool:
     return True
 
 
-def drain(cluster: Any, timeout: float = 30.0) -> None:
+def drain(cluster: Any, timeout: float = 30.0, node: str = NODE_NAME) -> None:
     """Deletes the node's pods while its kubelet still runs, so that each gets its preStop, SIGTERM and CNI
-    teardown as in a cluster; best effort: `teardown` removes whatever is left."""
+    teardown as in a cluster; best effort: `teardown` removes whatever is left. (Not `kubectl drain`: a
+    harness stopping its node does not wait on PodDisruptionBudgets; Cluster.remove_node cordons first, so
+    that replacements go to the nodes that stay.)"""
     cluster.kubectl(
         "delete",
         "pods",
         "--all-namespaces",
-        f"--field-selector=spec.nodeName={NODE_NAME}",
+        f"--field-selector=spec.nodeName={node}",
         "--grace-period=5",
         "--wait=true",
         f"--timeout={int(timeout)}s",
@@ -666,11 +811,26 @@ def drain(cluster: Any, timeout: float = 30.0) -> None:
 
 def teardown(net: NodeNetwork, bin_dir: Path | None = None) -> None:
     """After the node's processes were stopped: every container process, shim, mount, cgroup, link, route,
-    nftables table and conntrack entry the node made. Safe to run twice."""
-    paths = NodePaths.under(Path(net.workdir))
+    nftables table and conntrack entry the node made. Safe to run twice. A second node's leaves node 0's
+    host services (kube-proxy's and kube-network-policies' tables) alone."""
+    paths = NodePaths.of(net)
     _kill_shims(paths)
     _unmount_under(paths.root)
     _remove_cgroups(net.cgroup_root)
+    results = Path("/var/lib/cni/results")
+    for result in cni_results(net, sorted(p.name for p in results.iterdir()) if results.is_dir() else []):
+        (results / result).unlink(missing_ok=True)  # containerd's CNI library caches results here whatever
+    # containerd's content store and unpacked layers: about 10 GB once the runtime image was pulled, and
+    # nothing a later cluster reuses (the registry keeps the images); logs and configuration stay.
+    shutil.rmtree(paths.root / "containerd" / "root", ignore_errors=True)
+    shutil.rmtree(paths.containerd_state, ignore_errors=True)
+    if net.primary:
+        _remove_host_services(paths, bin_dir)
+    net.down()
+
+
+def _remove_host_services(paths: NodePaths, bin_dir: Path | None) -> None:
+    """The nftables tables node 0's host services leave (HOST_SERVICES)."""
     proxy = (bin_dir or Path(os.environ.get("PAGODA_BIN", ".pagoda-dev/bin"))) / "kube-proxy"
     config = paths.root / "kube-proxy.yaml"
     if proxy.is_file() and config.is_file():  # kube-proxy leaves its nftables tables after SIGTERM
@@ -682,19 +842,25 @@ def teardown(net: NodeNetwork, bin_dir: Path | None = None) -> None:
     # would then drop new connections to pods (no agent answers the queue).
     for family, table in NETPOL_TABLES:
         run("nft", "delete", "table", family, table, check=False)
-    for result in Path("/var/lib/cni/results").glob(f"{CNI_NETWORK}-*"):
-        result.unlink(missing_ok=True)  # containerd's CNI library caches results here whatever its config
-    # containerd's content store and unpacked layers: about 10 GB once the runtime image was pulled, and
-    # nothing a later cluster reuses (the registry keeps the images); logs and configuration stay.
-    shutil.rmtree(paths.root / "containerd" / "root", ignore_errors=True)
-    shutil.rmtree(paths.containerd_state, ignore_errors=True)
-    net.down()
+
+
+def cni_results(net: NodeNetwork, names: list[str]) -> list[str]:
+    """Of the file names in /var/lib/cni/results, those of `net`'s CNI network: `<network>-<container
+    id>-<ifname>`, where a container id is 64 hex digits (so node 0's `pagoda-` never takes node 1's
+    `pagoda-node1-`)."""
+    prefix = f"{net.cni_network}-"
+    found = []
+    for name in names:
+        container = name.removeprefix(prefix).split("-", 1)[0] if name.startswith(prefix) else ""
+        if len(container) == 64 and all(c in "0123456789abcdef" for c in container):
+            found.append(name)
+    return found
 
 
 def _kill_shims(paths: NodePaths) -> None:
     """SIGKILL every process whose command line names this node's containerd state: its shims and,
     through them, the containers (which runc started in their own pid namespaces under the shims)."""
-    marker = str(paths.root)
+    marker = paths.marker
     victims = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -730,6 +896,42 @@ def _unmount_under(root: Path) -> None:
             run("umount", "-l", point, check=False)
 
 
+def power_off(net: NodeNetwork, pids: dict[str, int]) -> None:
+    """The node loses its power: first the machine drops every packet to or from its pods' subnet without a
+    word (the `lost_table`), as a dead machine's peers see it: no reset, no ICMP, so a connection to it
+    times out (a link set down would have this host answer `No route to host` at once instead, which a
+    remote machine's death does not); then every process of it dies at once by SIGKILL: `pids` (its
+    containerd and kubelet), the shims, every container. Nothing is cleaned up, as nothing would be: the
+    Node object and its pods stay in the API server, as the node left them, until the control plane
+    notices. `teardown` removes what is left on the machine."""
+    rules = f"ip daddr {net.subnet} drop\n    ip saddr {net.subnet} drop"
+    chains = "".join(
+        f"  chain {hook} {{\n    type filter hook {hook} priority -10; policy accept;\n    {rules}\n  }}\n"
+        for hook in ("output", "input", "forward")
+    )
+    run("nft", "-f", "-", input=f"table inet {net.lost_table} {{\n{chains}}}\n")
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    _kill_shims(NodePaths.of(net))
+    for hierarchy in _cgroup_controllers():
+        top = hierarchy / net.cgroup_root.lstrip("/")
+        for group in [top, *(p for p in top.rglob("*") if p.is_dir())] if top.is_dir() else []:
+            _kill_members(group)
+
+
+def _kill_members(group: Path) -> list[int]:
+    """SIGKILLs every process in the cgroup `group` (not below it); returns their PIDs."""
+    try:
+        pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
+    except OSError:
+        pids = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return pids
+
+
 def _remove_cgroups(cgroup_root: str) -> None:
     """Kills whatever still runs in the node's cgroups, then removes them, deepest first."""
     for hierarchy in _cgroup_controllers():
@@ -739,13 +941,7 @@ def _remove_cgroups(cgroup_root: str) -> None:
         groups = sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
         for group in [*groups, top]:
             for _ in range(50):
-                try:
-                    pids = [int(p) for p in (group / "cgroup.procs").read_text().split()]
-                except OSError:
-                    pids = []
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
+                _kill_members(group)
                 try:
                     group.rmdir()
                     break
@@ -767,9 +963,10 @@ def pod_cgroups(net: NodeNetwork, uid: str) -> list[Path]:
 
 def leftovers(net: NodeNetwork) -> list[str]:
     """What of `net`'s node is still on this machine (empty after a clean teardown): processes naming its
-    folders, mounts below them, its cgroups, links, nftables tables (its own, kube-proxy's and
-    kube-network-policies'), routes."""
-    root = str(NodePaths.under(Path(net.workdir)).root)
+    folders, mounts below them, its cgroups, links, nftables tables (its own; node 0's also kube-proxy's and
+    kube-network-policies'), routes, cached CNI results. A second node's leaves out what node 0 still runs
+    for both, so that it can be checked while node 0 runs on."""
+    marker = NodePaths.of(net).marker
     found = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and int(proc.name) != os.getpid():
@@ -777,10 +974,10 @@ def leftovers(net: NodeNetwork) -> list[str]:
                 cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if root in cmdline:
+            if marker in cmdline:
                 found.append(f"process {proc.name}: {cmdline[:120]}")
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        if line.split()[4].startswith(root + "/"):
+        if line.split()[4].startswith(marker):
             found.append(f"mount {line.split()[4]}")
     found += [
         f"cgroup {h / net.cgroup_root.lstrip('/')}"
@@ -790,11 +987,19 @@ def leftovers(net: NodeNetwork) -> list[str]:
     links = {str(link.get("ifname", "")) for link in podnet.links()}
     found += [f"link {name}" for name in (net.bridge, net.sink) if name in links]
     tables = run("nft", "list", "tables").stdout.split("\n")
-    others = (" kube-proxy", *(f"{family} {table}" for family, table in NETPOL_TABLES))
-    found += [f"nftables {t.strip()}" for t in tables if net.table in t or t.strip().endswith(others)]
-    routes = run("ip", "route", "show", SERVICE_RANGE).stdout.strip()
-    if routes:
-        found.append(f"route {routes}")
+    others = (" kube-proxy", *(f"{family} {table}" for family, table in NETPOL_TABLES)) if net.primary else ()
+    found += [
+        f"nftables {t.strip()}"
+        for t in tables
+        if t.strip() and (t.strip().split()[-1] in (net.table, net.lost_table) or t.strip().endswith(others))
+    ]
+    for cidr in (SERVICE_RANGE, net.subnet) if net.primary else (net.subnet,):
+        routes = run("ip", "route", "show", cidr).stdout.strip()
+        if routes:
+            found.append(f"route {routes}")
+    results = Path("/var/lib/cni/results")
+    names = sorted(p.name for p in results.iterdir()) if results.is_dir() else []
+    found += [f"CNI result {results / name}" for name in cni_results(net, names)]
     if net.record.exists():
         found.append(f"record {net.record}")
     return found
