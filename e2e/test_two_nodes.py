@@ -10,16 +10,19 @@ node 0's one kube-proxy, CoreDNS and NetworkPolicy agent (e2e/lab/realnode.py). 
    with the chart's operator) has one replica per node (the operator's default topology spread); the drain
    evicts node 1's through the PodDisruptionBudget, which then refuses a second eviction until the
    replacement, on node 0, is Ready; clients through the Service's ClusterIP see no failed request;
-5. node 1 lost under load (its link down, its kubelet, containerd and containers SIGKILLed, as a power loss
-   does: `Cluster.lose_node`), with a replica on each node again: node 0's replica serves on, the lost one
-   leaves the Service's ready endpoints when the control plane notices (its 50 s grace period), the status
-   says `NodeLost`, the replacement starts on node 0 after the pods' unreachable toleration (30 s here), and
-   the only failed requests are those that were sent to node 1 before its replica left the endpoints;
-6. removing node 1 (lost) leaves nothing of it on the machine (`realnode.leftovers`), while node 0's pod
+5. at one replica, a drain of its node is an outage the status announced (DisruptionTolerant `False`),
+   with Ready `False` until the replacement serves on the other node;
+6. node 1 lost under load (every packet to and from it dropped, its kubelet, containerd and containers
+   SIGKILLed, as a power loss does: `Cluster.lose_node`), with a replica and the operator's leader on it:
+   node 0's replica serves on, the lost one leaves the Service's ready endpoints when the control plane
+   notices (its 50 s grace period), the status says `NodeLost`, the replacement starts on node 0 after the
+   pods' unreachable toleration (30 s here), the only failed requests are those that were sent to node 1
+   before its replica left the endpoints, and the operator's standby applies a spec change made meanwhile;
+7. removing node 1 (lost) leaves nothing of it on the machine (`realnode.leftovers`), while node 0's pod
    serves on, and the guard tables never had to drop a packet (nothing tried to leave the machine).
 The pods of 2 and 3 run the operator's image (it has Python) as a small HTTP server answering its own pod
 name, so that each answer says which pod, and so which node, it came from. Node 1 pulls the CPU runtime
-image in the background from the start (SECOND_NODE_PREPULL), for 4.
+image in the background from the start (SECOND_NODE_PREPULL), for 4 to 6.
 """
 
 from __future__ import annotations
@@ -388,10 +391,7 @@ def test_drain_moves_a_replica_to_node_0_under_load_with_no_failed_request(
     try:
         wait_until(lambda: load.completed >= 8, "requests to complete under load", timeout=120)
         began = time.monotonic()
-        argv = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "drain"]
-        argv += [second_node.name, f"--pod-selector={OWNER_LABEL}={SERVICE}", "--ignore-daemonsets"]
-        argv += ["--delete-emptydir-data", "--timeout=300s"]
-        drain = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        drain = _drain(cluster, second_node.name)
         try:
             # Once the drain evicted node 1's replica (terminating, or already gone), the budget holds the
             # other: its replacement has only just been made, and counts once Ready.
@@ -428,6 +428,81 @@ def test_drain_moves_a_replica_to_node_0_under_load_with_no_failed_request(
         f"failed={len(load.failures)}"
     )
     assert load.failures == [], load.failures
+
+
+def _drain(cluster: Cluster, node: str) -> subprocess.Popen[str]:
+    """`kubectl drain` of the service's pods on `node` (the other tests' pods are not the subject)."""
+    argv = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}", "drain"]
+    argv += [node, f"--pod-selector={OWNER_LABEL}={SERVICE}", "--ignore-daemonsets"]
+    argv += ["--delete-emptydir-data", "--timeout=300s"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _isvc_condition(cluster: Cluster, namespace: str, kind: str) -> dict[str, Any]:
+    return condition(kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", namespace), kind)
+
+
+def test_drain_of_a_single_replica_is_the_outage_the_status_announced(
+    cluster: Cluster, spread: str, second_node: realnode.RealNode
+) -> None:
+    """At one replica the default budget (maxUnavailable 1) lets a drain take it: the status says so before
+    the drain (DisruptionTolerant `False`, `DrainTakesEveryReplica`, naming the fields to change), the drain
+    of node 0 (the service's pods) goes through, Ready turns `False` while the replacement starts on node 1,
+    and `True` again once it serves; the outage and its failed requests are reported
+    (docs/reliability.md). The service then goes back to two replicas, the new one on node 0 (the spread),
+    so that the node-loss test below finds one on each node."""
+    patch_spec(cluster, spread, SERVICE, {"replicas": 1})
+    wait_ready_replicas(cluster, spread, SERVICE, 1, timeout=120)
+    wait_until(
+        lambda: (
+            _isvc_condition(cluster, spread, "DisruptionTolerant").get("reason") == "DrainTakesEveryReplica"
+        ),
+        "the status to say a drain takes every replica",
+        timeout=60,
+    )
+    tolerant = _isvc_condition(cluster, spread, "DisruptionTolerant")
+    assert tolerant["status"] == "False" and "Set spec.replicas to 2 or more" in tolerant["message"], tolerant
+    [only] = ready_pods(cluster, spread, SERVICE)
+    drained = only["spec"]["nodeName"]
+    load = Load(
+        service_url(cluster, spread, SERVICE), SERVICE, clients=2, pause=0.25, max_seconds=600
+    ).start()
+    try:
+        wait_until(lambda: load.completed >= 4, "requests to complete under load", timeout=120)
+        began = time.monotonic()
+        drain = _drain(cluster, drained)
+        try:
+            wait_until(
+                lambda: _isvc_condition(cluster, spread, "Ready").get("status") == "False",
+                "Ready to turn False (the only replica drained)",
+                timeout=120,
+                interval=0.5,
+            )
+            down_at = time.monotonic()
+            output, _ = drain.communicate(timeout=330)
+        finally:
+            if drain.poll() is None:
+                drain.kill()
+                drain.wait(10)
+        assert drain.returncode == 0, output
+        wait_condition(cluster, spread, SERVICE, "Ready", timeout=ENGINE_TIMEOUT)
+        up_at = time.monotonic()
+        [replacement] = ready_pods(cluster, spread, SERVICE)
+        assert replacement["spec"]["nodeName"] != drained, replacement["spec"]
+        done = load.completed
+        wait_until(lambda: load.completed >= done + 4, "requests after the replacement", timeout=120)
+    finally:
+        load.stop()
+        cluster.kubectl("uncordon", drained, check=False)
+    print(
+        f"\nkubectl drain of the only replica (on {drained}): Ready False {down_at - began:.1f}s after the "
+        f"drain began, True again {up_at - began:.1f}s after it (the replacement on "
+        f"{replacement['spec']['nodeName']}); requests completed={load.completed} failed={len(load.failures)}"
+    )
+    patch_spec(cluster, spread, SERVICE, {"replicas": REPLICAS})
+    wait_ready_replicas(cluster, spread, SERVICE, REPLICAS, timeout=ENGINE_TIMEOUT)
+    nodes = sorted(p["spec"]["nodeName"] for p in ready_pods(cluster, spread, SERVICE))
+    print(f"Back at {REPLICAS} replicas, on {nodes}.")
 
 
 UNREACHABLE_TOLERATION_S = 30  # the drained service's toleration of a lost node (Kubernetes' default: 300 s)
@@ -471,22 +546,36 @@ def _one_replica_per_node(cluster: Cluster, namespace: str, node_1: str) -> None
         cluster.kubectl("uncordon", realnode.NODE_NAME, check=False)
 
 
-def _operator_leader_on(operator: ChartOperator, node: str) -> dict[str, Any]:
-    """Makes the chart's operator replica on `node` the leader: the two replicas run one per node (the chart's
-    anti-affinity), so deleting the leader elsewhere hands the Lease to the one on `node` (the deleted one
-    releases it as it stops; its replacement lands on the other node and waits). Returns the leader's pod."""
-    leader = operator.pod()
-    if leader["spec"]["nodeName"] != node:
-        name = leader["metadata"]["name"]
-        operator.cluster.kubectl("delete", "pod", name, "-n", operator.namespace, "--wait=true")
-        wait_until(
-            lambda: (operator.leader() or {}).get("spec", {}).get("nodeName") == node,
-            f"the operator replica on {node} to take the Lease",
-            timeout=90,
-        )
+def _operator_leader_on(operator: ChartOperator, node: str, other: str) -> dict[str, Any]:
+    """Makes the chart's operator replica on `node` the leader, and the standby the one on `other`. The
+    chart's anti-affinity is a preference, which the scheduler may outweigh, so each move cordons the node a
+    replacement must not go to: the standby is replaced onto `other` if it is not there, and a leader not on
+    `node` is replaced onto `other` too once a standby waits on `node` (the deleted leader releases the Lease
+    as it stops, and the standby takes it). Returns the leader's pod."""
+    cluster = operator.cluster
+
+    def replace(pod: dict[str, Any], avoid: str) -> None:
+        cluster.kubectl("cordon", avoid)
+        try:
+            cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", operator.namespace, "--wait=true")
+            operator.wait_ready()
+        finally:
+            cluster.kubectl("uncordon", avoid, check=False)
+
+    def standby() -> dict[str, Any]:
+        leading = operator.pod()["metadata"]["uid"]
+        [waiting] = [p for p in operator.pods() if p["metadata"]["uid"] != leading]
+        return waiting
+
     operator.wait_ready()
+    if operator.pod()["spec"]["nodeName"] != node:
+        if standby()["spec"]["nodeName"] != node:
+            replace(standby(), avoid=other)  # a standby on `node`, to take over there
+        replace(operator.pod(), avoid=node)  # the leader goes; its replacement waits on `other`
+    if standby()["spec"]["nodeName"] != other:
+        replace(standby(), avoid=node)
     found = operator.pod()
-    assert found["spec"]["nodeName"] == node, found["spec"]
+    assert found["spec"]["nodeName"] == node and standby()["spec"]["nodeName"] == other, operator.pods()
     return found
 
 
@@ -529,7 +618,7 @@ def test_a_node_lost_under_load_fails_only_the_requests_sent_to_it(
     PodDisruptionBudget carries), with the status current for it."""
     node_1 = second_node.name
     _one_replica_per_node(cluster, spread, node_1)
-    leader = _operator_leader_on(operator, node_1)
+    leader = _operator_leader_on(operator, node_1, realnode.NODE_NAME)
     assert _pdb_max_unavailable(cluster, spread) != 0
     by_node = {p["spec"]["nodeName"]: p for p in ready_pods(cluster, spread, SERVICE)}
     lost_ip = by_node[node_1]["status"]["podIP"]
