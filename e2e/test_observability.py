@@ -117,9 +117,11 @@ def operator(cluster: Cluster) -> Iterator[ChartOperator]:
 
 
 @pytest.fixture(scope="module")
-def served(cluster: Cluster, operator: ChartOperator) -> dict[str, Any]:
+def served(cluster: Cluster, operator: ChartOperator) -> Iterator[dict[str, Any]]:
     """InferenceService ml/tiny (examples/tiny-cpu.yaml, its pod on the real node) with a known spec.cost and
-    at most MAX_NUM_SEQS sequences in a batch, so that the load queues; returns its Ready pod."""
+    at most MAX_NUM_SEQS sequences in a batch, so that the load queues; yields its Ready pod. Its namespace
+    goes with the module: a replica left running holds 500m of the real node's 2 CPUs, which the later
+    modules' replicas need (e2e/test_routing.py's second one stayed Pending, Insufficient cpu)."""
     namespace, name = RUNTIME_LABELS["namespace"], RUNTIME_LABELS["service"]
     cluster.kubectl("create", "namespace", namespace, check=False)
     service = tiny_sample(namespace, name, real_pods=True)
@@ -137,7 +139,10 @@ def served(cluster: Cluster, operator: ChartOperator) -> dict[str, Any]:
         timeout=120,
         interval=1,
     )
-    return pod
+    try:
+        yield pod
+    finally:
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
 @pytest.fixture(scope="module")
