@@ -46,6 +46,7 @@ from e2e.lab.observability import Load
 from e2e.lab.processes import wait_until
 from e2e.lab.realpods import (
     apply,
+    isvc,
     patch_spec,
     pods,
     ready_pods,
@@ -439,7 +440,7 @@ def _drain(cluster: Cluster, node: str) -> subprocess.Popen[str]:
 
 
 def _isvc_condition(cluster: Cluster, namespace: str, kind: str) -> dict[str, Any]:
-    return condition(kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", namespace), kind)
+    return condition(isvc(cluster, namespace, SERVICE), kind)
 
 
 def test_drain_of_a_single_replica_is_the_outage_the_status_announced(
@@ -581,7 +582,7 @@ def _operator_leader_on(operator: ChartOperator, node: str, other: str) -> dict[
 
 def _status_current(cluster: Cluster, namespace: str) -> bool:
     """Whether the service's status is of its current spec."""
-    obj = kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", namespace)
+    obj = isvc(cluster, namespace, SERVICE)
     return bool(obj["status"].get("observedGeneration") == obj["metadata"]["generation"])
 
 
@@ -646,12 +647,7 @@ def test_a_node_lost_under_load_fails_only_the_requests_sent_to_it(
         node = kubectl_json(cluster, "get", "node", node_1)
         assert condition(node, "Ready").get("status") == "Unknown", condition(node, "Ready")
         wait_until(
-            lambda: (
-                condition(
-                    kubectl_json(cluster, "get", "inferenceservice", SERVICE, "-n", spread), "Ready"
-                ).get("reason")
-                == "NodeLost"
-            ),
+            lambda: _isvc_condition(cluster, spread, "Ready").get("reason") == "NodeLost",
             "the status to say NodeLost",
             timeout=60,
         )
