@@ -238,11 +238,11 @@ lock: venv ## Regenerate the hashed lock files: operator/requirements.lock, runt
 	$(PY) -m e2e.lab.images lock
 
 .PHONY: images
-images: venv tools packages ## Build every image (base stand-in, operator, picker, pause, CPU runtime) with buildah, offline.
+images: venv tools packages ## Build every image (base stand-in, operator, picker, Prometheus (Operator), pause, CPU runtime) with buildah, offline.
 	$(PY) -m e2e.lab.images all
 
 .PHONY: images-early
-images-early: venv packages ## The images that need no Go-built tool (all but the picker's), as `setup` builds them.
+images-early: venv packages ## The images that need no Go-built tool (all but the picker's and Prometheus'), as `setup` builds them.
 	$(PY) -m e2e.lab.images base operator pause runtime-cpu
 
 .PHONY: image-runtime-cpu

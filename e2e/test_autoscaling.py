@@ -30,8 +30,9 @@ from e2e.lab.autoscaling import (
 from e2e.lab.chartenv import ChartOperator
 from e2e.lab.observability import KUBE_STATE_METRICS, PrometheusAt, dashboard, panel_queries
 from e2e.lab.processes import WaitTimeout, wait_until
+from e2e.lab.prometheus_operator import DEFAULT_PROMETHEUS
 from e2e.lab.realpods import condition, get_json, isvc
-from e2e.lab.stack import DEFAULT_PROMETHEUS, PROMETHEUS_NAMESPACE, PROMETHEUS_SERVICE, Stack
+from e2e.lab.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -200,8 +201,7 @@ class PrometheusOutage:
             self.blind = found
 
     def __call__(self, sampler: Sampler) -> None:
-        pid = self.stack.monitoring.pid
-        assert pid is not None
+        pid = self.stack.monitoring.pid()
         started = time.monotonic()
         with frozen(pid):
             while (
@@ -231,15 +231,11 @@ class PrometheusOutage:
 
     def keda_state(self, sampler: Sampler) -> str:
         """What KEDA saw: the ScaledObject's health and conditions, the HPA's conditions, the trigger's query
-        timed from here (to Prometheus directly and through the Service's ClusterIP, KEDA's way) and through
+        timed from here (to the Prometheus pod, where the headless Service's name leads KEDA) and through
         KEDA's adapter, and the operator's last errors."""
         path = f"/namespaces/{sampler.namespace}"
         obj = sampler.get(f"/apis/keda.sh/v1alpha1{path}/scaledobjects/{NAME}") or {}
         hpa = sampler.get(f"/apis/autoscaling/v2{path}/horizontalpodautoscalers/keda-hpa-{NAME}") or {}
-        service = (
-            sampler.get(f"/api/v1/namespaces/{PROMETHEUS_NAMESPACE}/services/{PROMETHEUS_SERVICE}") or {}
-        )
-        via_service = f"http://{(service.get('spec') or {}).get('clusterIP')}:{DEFAULT_PROMETHEUS.port}"
         status = obj.get("status") or {}
         conditions = [
             (c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []
@@ -260,8 +256,7 @@ class PrometheusOutage:
                 f"ScaledObject health: {status.get('health')}",
                 f"ScaledObject conditions: {conditions}",
                 f"HPA conditions: {hpa_conditions}",
-                f"trigger query, direct: {timed_query(sampler.prometheus_url, query)}",
-                f"trigger query, ClusterIP: {timed_query(via_service, query)}",
+                f"trigger query: {timed_query(sampler.prometheus_url, query)}",
                 f"through KEDA's adapter: {sampler.external(hpa)}",
                 "KEDA operator, last errors and fallback lines:",
                 *errors[-25:],

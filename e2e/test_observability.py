@@ -1,12 +1,13 @@
-"""Every dashboard panel, proved on real data: a real Prometheus scrapes a runtime pod on the real node (from
-the CPU runtime image, under load through its Service) and the chart's operator pod reconciling
-InferenceServices; each panel's query (with the dashboard's variables resolved through Prometheus, as Grafana
-does) must succeed and return data.
+"""Every dashboard panel, proved on real data: the Prometheus Operator's Prometheus (the stack's,
+e2e/lab/prometheus_operator.py) scrapes a runtime pod on the real node (from the CPU runtime image, under load
+through its Service) through the ServiceMonitor the operator writes for it, and the chart's operator pod
+reconciling InferenceServices through the chart's ServiceMonitor; each panel's query (with the dashboard's
+variables resolved through Prometheus, as Grafana does) must succeed and return data.
 
-The chart's alert and recording rules are loaded into the same Prometheus and must evaluate without errors.
-Cost: kube-state-metrics runs with the chart's custom-resource-state config against the control plane, where
-an InferenceService `ml/tiny` (the runtime's labels) has a known spec.cost; the cost panels must match the
-arithmetic on the token rate the load generator itself measured, within 5%.
+The chart's alert and recording rules reach Prometheus as users' do: the chart's PrometheusRule, loaded by the
+Prometheus Operator; they must evaluate without errors. Cost: the stack's kube-state-metrics runs with the
+chart's custom-resource-state config, where an InferenceService `ml/tiny` has a known spec.cost; the cost
+panels must match the arithmetic on the token rate the load generator itself measured, within 5%.
 The only panels that cannot get data here are the LoRA adapter panels (LORA_METRICS): the runtime here serves
 the base model only, and the runtime tier (tests/runtime/test_rt_lora.py) checks the counters
 they read, per adapter; the routing panels (the endpoint picker's metrics), which e2e/test_routing.py and
@@ -18,34 +19,30 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
 from e2e.fixtures import chart_operator
-from e2e.lab.addons import start_kube_state_metrics
 from e2e.lab.chartenv import ChartOperator
-from e2e.lab.cluster import Cluster, default_bin_dir
+from e2e.lab.cluster import OPERATOR_RELEASE, Cluster
 from e2e.lab.observability import (
     OPERATOR_LABELS,
     RATE_INTERVAL,
     RUNTIME_LABELS,
     Load,
-    Prometheus,
+    PrometheusAt,
     dashboard,
     panel_queries,
     resolve_variables,
 )
-from e2e.lab.processes import REPO_ROOT, wait_until
+from e2e.lab.processes import wait_until
 from e2e.lab.realpods import get_json, pods, service_url, wait_condition
 from e2e.lab.samples import tiny_sample
-from pagoda.contract import HTTP_PORT
+from e2e.lab.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -62,56 +59,25 @@ MAX_NUM_SEQS = 4  # fewer than the load's clients (6), so that requests queue
 READY_TIMEOUT = 420.0  # a first pull of the 7 GB runtime image, then the engine's start on two cores
 
 
-def chart_rules(workdir: Path) -> Path:
-    """The chart's PrometheusRule, rendered by Helm, as a plain Prometheus rule file."""
-    rendered = subprocess.run(
-        [
-            str(default_bin_dir() / "helm"),
-            "template",
-            "pagoda",
-            str(REPO_ROOT / "charts" / "pagoda"),
-            "-n",
-            "pagoda-system",
-            "--kube-version",
-            "1.36.3",
-            "--set",
-            "prometheusRule.enabled=true",
-            "--set",
-            f"prometheusRule.costRateWindow={COST_WINDOW_SECONDS}s",
-            "-s",
-            "templates/prometheusrule.yaml",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    ).stdout
-    path = workdir / "pagoda-rules.yaml"
-    path.write_text(yaml.safe_dump(yaml.safe_load(rendered)["spec"]))
-    return path
-
-
 @pytest.fixture(scope="module")
-def workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="pagoda-observability-"))
-
-
-@pytest.fixture(scope="module")
-def prometheus(workdir: Path, cluster: Cluster) -> Iterator[Prometheus]:
-    # `cluster` first: the control plane starts before the runtime loads the CPU (its start-up is the
-    # part most sensitive to load on a 2-core machine).
-    del cluster
-    with Prometheus(workdir / "prometheus", rule_files=[chart_rules(workdir)]).start() as prom:
-        yield prom
-    print(f"\nPrometheus' files are in {workdir / 'prometheus'}.")
+def prometheus(stack: Stack) -> PrometheusAt:
+    return PrometheusAt(stack.prometheus_url)
 
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster) -> Iterator[ChartOperator]:
     """The chart's operator, re-checking every InferenceService every 2 s, so that its reconcile panels
     fill within a minute; with the chart's opt-in Secret existence check (rbac.secretExistenceCheck), so
-    that a missing Secret is the reconcile error the error panel shows (SecretNotFound)."""
-    values = ("operator.extraArgs={--resync-seconds=2}", "rbac.secretExistenceCheck=true")
+    that a missing Secret is the reconcile error the error panel shows (SecretNotFound); with its
+    ServiceMonitor (scraped every second) and its PrometheusRule, the cost rules over COST_WINDOW_SECONDS."""
+    values = (
+        "operator.extraArgs={--resync-seconds=2}",
+        "rbac.secretExistenceCheck=true",
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.serviceMonitor.interval=1s",
+        "prometheusRule.enabled=true",
+        f"prometheusRule.costRateWindow={COST_WINDOW_SECONDS}s",
+    )
     with chart_operator(cluster, values=values) as running:
         yield running
 
@@ -127,6 +93,7 @@ def served(cluster: Cluster, operator: ChartOperator) -> Iterator[dict[str, Any]
     service = tiny_sample(namespace, name, real_pods=True)
     service["spec"]["engine"]["maxNumSeqs"] = MAX_NUM_SEQS
     service["spec"]["cost"] = {"gpuHourPrice": GPU_HOUR_PRICE, "apiPricePerMillionTokens": API_PRICE}
+    service["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": "1s"}}
     assert service["spec"]["resources"]["gpu"]["count"] == GPUS
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(service))
     wait_condition(cluster, namespace, name, "Ready", timeout=READY_TIMEOUT)
@@ -146,12 +113,18 @@ def served(cluster: Cluster, operator: ChartOperator) -> Iterator[dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def loaded_runtime(prometheus: Prometheus, cluster: Cluster, served: dict[str, Any]) -> Iterator[Load]:
-    """The runtime pod scraped every second at its pod IP (as a ServiceMonitor's target), under a steady
-    stream of chat requests through its Service's ClusterIP."""
+def loaded_runtime(prometheus: PrometheusAt, cluster: Cluster, served: dict[str, Any]) -> Iterator[Load]:
+    """The runtime pod scraped every second through its ServiceMonitor, under a steady stream of chat
+    requests through its Service's ClusterIP."""
     namespace, name = RUNTIME_LABELS["namespace"], RUNTIME_LABELS["service"]
-    labels = {**RUNTIME_LABELS, "pod": served["metadata"]["name"]}
-    prometheus.add_target(f"{served['status']['podIP']}:{HTTP_PORT}", **labels)
+    wait_until(
+        lambda: prometheus.query(
+            f'up{{namespace="{namespace}", service="{name}", pod="{served["metadata"]["name"]}"}} == 1'
+        ),
+        f"Prometheus to scrape {namespace}/{name}'s pod through its ServiceMonitor",
+        timeout=120,
+        interval=1,
+    )
     # Bounded by time only (Load's 1,200 s): its default count (20,000) ran out after about 7 minutes here,
     # and sooner on a faster machine, before the module's last test read the rates.
     load = Load(service_url(cluster, namespace, name), name, max_requests=1_000_000).start()
@@ -171,29 +144,24 @@ def loaded_runtime(prometheus: Prometheus, cluster: Cluster, served: dict[str, A
 
 
 @pytest.fixture(scope="module")
-def priced_service(
-    prometheus: Prometheus, cluster: Cluster, workdir: Path, served: dict[str, Any]
-) -> Iterator[None]:
-    """kube-state-metrics, with the chart's custom-resource-state config, scraped by the same Prometheus:
-    the price of ml/tiny and its Deployment's replicas."""
-    ksm = start_kube_state_metrics(cluster, log_dir=workdir / "kube-state-metrics")
-    try:
-        prometheus.add_static_target(ksm.metrics_url.removeprefix("http://").removesuffix("/metrics"), "ksm")
-        wait_until(
-            lambda: prometheus.query('pagoda:cost_per_million_tokens{namespace="ml", service="tiny"}'),
-            "the price from kube-state-metrics and the cost rules in Prometheus",
-            timeout=120,
-            interval=1,
-        )
-        yield
-    finally:
-        ksm.stop()
+def priced_service(prometheus: PrometheusAt, served: dict[str, Any]) -> None:
+    """The stack's kube-state-metrics (the chart's custom-resource-state config; a ScrapeConfig names it)
+    gives the price of ml/tiny and its Deployment's replicas; the chart's cost rules turn them into series."""
+    del served
+    wait_until(
+        lambda: prometheus.query('pagoda:cost_per_million_tokens{namespace="ml", service="tiny"}'),
+        "the price from kube-state-metrics and the cost rules in Prometheus",
+        timeout=120,
+        interval=1,
+    )
 
 
 @pytest.fixture(scope="module")
-def reconciling_operator(prometheus: Prometheus, cluster: Cluster, operator: ChartOperator) -> Iterator[None]:
-    """The chart's operator reconciling a good and a broken InferenceService (missing Secret), scraped at
-    its pod IP with the labels its ServiceMonitor gives."""
+def reconciling_operator(
+    prometheus: PrometheusAt, cluster: Cluster, operator: ChartOperator
+) -> Iterator[None]:
+    """The chart's operator reconciling a good and a broken InferenceService (missing Secret), scraped
+    through the chart's ServiceMonitor."""
     namespace = f"obs-{int(time.time())}"
     cluster.kubectl("create", "namespace", namespace)
     sample = tiny_sample(namespace)
@@ -202,9 +170,6 @@ def reconciling_operator(prometheus: Prometheus, cluster: Cluster, operator: Cha
     broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([sample, broken]))
     try:
-        pod = operator.pod()
-        labels = {**OPERATOR_LABELS, "namespace": operator.namespace, "pod": pod["metadata"]["name"]}
-        prometheus.add_target(f"{pod['status']['podIP']}:{operator.port}", **labels)
         wait_until(
             lambda: (
                 prometheus.query(
@@ -238,8 +203,9 @@ PROFILE_METRICS = ("pagoda_inferenceservice_status_profile_", "pagoda_inferences
 AUTOSCALING_CONDITIONS = ('type="ScalingMetricsUnavailable"',)
 
 
-def check_panels(prom: Prometheus, board: dict[str, Any]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    variables = resolve_variables(prom, board)
+def check_panels(
+    prom: PrometheusAt, board: dict[str, Any], variables: dict[str, str]
+) -> dict[tuple[str, str], list[dict[str, Any]]]:
     results: dict[tuple[str, str], list[dict[str, Any]]] = {}
     empty = []
     for title, legend, expr in panel_queries(board, variables):
@@ -266,11 +232,11 @@ def value(result: list[dict[str, Any]]) -> float:
 
 
 def test_inferenceservice_dashboard_panels_have_data_under_load(
-    prometheus: Prometheus, loaded_runtime: Load, priced_service: None
+    prometheus: PrometheusAt, loaded_runtime: Load, priced_service: None
 ) -> None:
     board = dashboard("inferenceservice")
-    assert resolve_variables(prometheus, board) == {"namespace": "ml", "service": "tiny"}
-    results = check_panels(prometheus, board)
+    variables = resolve_variables(prometheus, board, choose={"namespace": "ml", "service": "tiny"})
+    results = check_panels(prometheus, board, variables)
     # Under load the traffic panels show traffic, not only zeros.
     for key in [
         ("Request rate", "{{finished_reason}}"),
@@ -290,7 +256,7 @@ def test_inferenceservice_dashboard_panels_have_data_under_load(
 
 
 def test_queue_running_and_prefix_cache_panels_saw_the_load(
-    prometheus: Prometheus, loaded_runtime: Load
+    prometheus: PrometheusAt, loaded_runtime: Load
 ) -> None:
     """Gauges are sampled: look at the last minute rather than one instant."""
     sel = 'namespace="ml", service="tiny"'
@@ -301,42 +267,50 @@ def test_queue_running_and_prefix_cache_panels_saw_the_load(
 
 
 def test_operator_dashboard_panels_have_data(
-    prometheus: Prometheus, reconciling_operator: None, operator: ChartOperator
+    prometheus: PrometheusAt, reconciling_operator: None, operator: ChartOperator
 ) -> None:
     board = dashboard("operator")
-    assert resolve_variables(prometheus, board) == {
-        "namespace": operator.namespace,
-        "service": OPERATOR_LABELS["service"],
-    }
-    results = check_panels(prometheus, board)
+    chosen = {"namespace": operator.namespace, "service": OPERATOR_LABELS["service"]}
+    results = check_panels(prometheus, board, resolve_variables(prometheus, board, choose=chosen))
     assert value(results[("Reconciles", "{{result}}")]) > 0
     assert value(results[("Reconcile errors", "{{reason}}")]) > 0
     errors = prometheus.query(
-        'sum by (reason) (pagoda_operator_reconcile_errors_total{service="pagoda-metrics"})'
+        "sum by (reason) (pagoda_operator_reconcile_errors_total"
+        f'{{namespace="{operator.namespace}", service="pagoda-metrics"}})'
     )
     assert "SecretNotFound" in {r["metric"]["reason"] for r in errors}
     assert value(results[("Reconcile latency", "p99")]) > 0
     assert value(results[("Operator up", "up")]) == 1
 
 
-def test_chart_alert_rules_evaluate_on_real_data(prometheus: Prometheus, loaded_runtime: Load) -> None:
+def test_chart_alert_rules_evaluate_on_real_data(
+    prometheus: PrometheusAt, loaded_runtime: Load, operator: ChartOperator
+) -> None:
+    """The chart's PrometheusRule, as the Prometheus Operator loaded it (a rule file named after the rule's
+    namespace and name), evaluates without errors."""
+    rule_file = f"{operator.namespace}-{OPERATOR_RELEASE}-"
+
     def evaluated() -> list[dict[str, Any]]:
         groups: list[dict[str, Any]] = prometheus.api("rules")["groups"]
-        rules = [rule for group in groups for rule in group["rules"]]
+        rules = [rule for group in groups if rule_file in group["file"] for rule in group["rules"]]
         return (
             rules if rules and all(rule.get("lastEvaluation", "").startswith("20") for rule in rules) else []
         )
 
-    rules = wait_until(evaluated, "the chart's rules to be evaluated", timeout=30)
+    rules = wait_until(evaluated, f"the chart's rules ({rule_file}*) to be evaluated", timeout=60)
     assert {r["name"] for r in rules} >= {"PagodaQueueBackingUp", "PagodaTTFTHigh", "PagodaNoReadyReplicas"}
     assert all(r["health"] == "ok" for r in rules), [(r["name"], r.get("lastError")) for r in rules]
     # A healthy, ready runtime under light load fires none of the runtime alerts' conditions.
-    firing = {a["labels"]["alertname"] for a in prometheus.api("alerts")["alerts"]}
+    firing = {
+        a["labels"]["alertname"]
+        for a in prometheus.api("alerts")["alerts"]
+        if a["labels"].get("namespace") == RUNTIME_LABELS["namespace"]
+    }
     assert not firing & {"PagodaNoReadyReplicas", "PagodaKVCacheNearlyFull"}
 
 
 def test_cost_panels_match_the_arithmetic_on_the_measured_token_rate(
-    prometheus: Prometheus, loaded_runtime: Load, priced_service: None
+    prometheus: PrometheusAt, loaded_runtime: Load, priced_service: None
 ) -> None:
     """The cost panels' values at one instant against the arithmetic on the same window of the load: the
     price and GPU count from spec.cost (through kube-state-metrics), one replica (the one runtime), and the

@@ -33,8 +33,8 @@ import yaml
 from e2e.lab.chartenv import ChartOperator
 from e2e.lab.cluster import Cluster
 from e2e.lab.gateway import UPSTREAM_HEADER, Gateway, envoy_counter, start_gateway
-from e2e.lab.observability import Load
-from e2e.lab.processes import wait_until
+from e2e.lab.observability import Load, PrometheusAt
+from e2e.lab.processes import WaitTimeout, wait_until
 from e2e.lab.realpods import (
     all_pods,
     finished,
@@ -166,7 +166,12 @@ def test_the_pickers_queue_metric_reaches_prometheus(
         found: list[dict[str, Any]] = answer["data"]["result"]
         return found or None
 
-    [row] = wait_until(result, f"Prometheus to answer {query}", timeout=60, interval=1)
+    try:
+        [row] = wait_until(result, f"Prometheus to answer {query}", timeout=60, interval=1)
+    except WaitTimeout:
+        targets = PrometheusAt(stack.prometheus_url).api("targets")["activeTargets"]
+        mine = [t for t in targets if t["labels"].get("namespace") == NAMESPACE]
+        raise AssertionError(f"no {QUEUE_METRIC} in Prometheus; its targets in {NAMESPACE}: {mine}") from None
     assert float(row["value"][1]) == 0.0  # nothing waits now
     by_labels = f'count by (service, job) ({QUEUE_METRIC}{{namespace="{NAMESPACE}"}})'
     answer = httpx.get(f"{stack.prometheus_url}/api/v1/query", params={"query": by_labels}, timeout=10).json()

@@ -359,8 +359,7 @@ def test_a_service_at_zero_gets_one_replica_while_prometheus_hangs_and_goes_back
         assert now.replicas == 0 and now.fallback != "True" and now.blind.get("status") != "True", timeline()
         time.sleep(1.0)
 
-    pid = stack.monitoring.pid
-    assert pid is not None
+    pid = stack.monitoring.pid()
     hung = time.monotonic()
     fallback_after: float | None = None  # seconds from the hang to KEDA's condition Fallback True
     replica_after: float | None = None  # ... to the Deployment at one replica

@@ -7,7 +7,10 @@ here as cert-manager would write it.
    HTTPS, verified against the Secret's ca.crt and the Service's DNS name, works through the Service's
    ClusterIP; the operator's calls to the pod over HTTPS, verified against the Secret's ca.crt (a Role lets
    it read that one Secret), fill status.capacity.
-2. The Secret is renewed in place (a new key and certificate, as cert-manager renews): the kubelet swaps the
+2. The Prometheus Operator's Prometheus (the stack's) scrapes the pod over HTTPS through the ServiceMonitor
+   the operator writes (`tlsConfig`: the Secret's ca.crt, the Service's DNS name), which the operator copies
+   into the Prometheus pod's TLS assets.
+3. The Secret is renewed in place (a new key and certificate, as cert-manager renews): the kubelet swaps the
    mounted files, and within its sync period a new connection is shown the new certificate by the same
    container (restartCount 0).
 """
@@ -28,9 +31,11 @@ from cryptography import x509
 from e2e.lab._pki import TlsDir, write_tls_dir
 from e2e.lab.chartenv import ChartOperator
 from e2e.lab.cluster import Cluster
-from e2e.lab.processes import wait_until
+from e2e.lab.observability import PrometheusAt
+from e2e.lab.processes import WaitTimeout, wait_until
 from e2e.lab.realpods import apply, get_json, ready_pods, wait_condition, wait_ready_replicas
 from e2e.lab.samples import tiny_sample
+from e2e.lab.stack import Stack
 from pagoda.contract import HTTP_PORT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]  # real engines start slowly on two cores
@@ -108,6 +113,7 @@ def serving(cluster: Cluster, operator: ChartOperator, certificates: tuple[TlsDi
     sample["spec"]["replicas"] = 1
     sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900  # engines start slowly on two shared cores
     sample["spec"]["runtime"]["tls"] = {"secretName": SECRET}
+    sample["spec"]["monitoring"] = {"serviceMonitor": {"enabled": True, "interval": "2s"}}
     apply(cluster, sample)
     try:
         wait_condition(cluster, NAMESPACE, "tiny", "Ready", timeout=480)
@@ -160,6 +166,30 @@ def test_the_pod_serves_https_verified_against_the_secrets_ca(
         return found
 
     assert wait_until(capacity, "status.capacity", timeout=120, interval=1)["kvCacheTokens"] > 0
+
+
+def test_prometheus_scrapes_the_pod_over_https_through_the_service_monitor(
+    cluster: Cluster, serving: str, stack: Stack
+) -> None:
+    monitor = get_json(cluster, "-n", serving, "servicemonitor", "tiny")
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["serverName"] == DNS_NAME, endpoint
+    (pod,) = ready_pods(cluster, serving, "tiny")
+    wanted = f"https://{pod['status']['podIP']}:{HTTP_PORT}/metrics"
+
+    def scraped() -> dict[str, Any] | None:
+        targets = PrometheusAt(stack.prometheus_url).api("targets")["activeTargets"]
+        found = [t for t in targets if t["labels"].get("namespace") == serving and t["scrapeUrl"] == wanted]
+        return found[0] if found and found[0]["health"] == "up" else None
+
+    try:
+        target = wait_until(scraped, f"Prometheus to scrape {wanted}", timeout=120, interval=2)
+    except WaitTimeout:
+        targets = PrometheusAt(stack.prometheus_url).api("targets")["activeTargets"]
+        raise AssertionError([t for t in targets if t["labels"].get("namespace") == serving]) from None
+    assert target["labels"]["service"] == "tiny", target
+    [up] = PrometheusAt(stack.prometheus_url).query(f'up{{namespace="{serving}", service="tiny"}}')
+    assert up["value"][1] == "1", up
 
 
 def test_a_renewed_certificate_reaches_new_connections_without_a_restart(

@@ -36,18 +36,19 @@ def _cmd_up(args: argparse.Namespace) -> int:
     shutil.rmtree(workdir / "etcd", ignore_errors=True)
     began = time.monotonic()
     cluster = start(workdir, detach=True, real_node=args.real_node, nodes=args.nodes)
-    try:
-        stack = start_stack(cluster, detach=True)
-    except BaseException:
-        cluster.stop()
-        raise
-    cluster.pids.update(stack.pids)
-    cluster.urls.update(
-        {
-            "prometheus": stack.prometheus_url,
-            "kube-state-metrics": stack.addons.kube_state_metrics.metrics_url,
-        }
-    )
+    if cluster.node is not None:  # the add-ons' Prometheus is a pod of the Prometheus Operator's
+        try:
+            stack = start_stack(cluster, detach=True)
+        except BaseException:
+            cluster.stop()
+            raise
+        cluster.pids.update(stack.pids)
+        cluster.urls.update(
+            {
+                "prometheus": stack.prometheus_url,
+                "kube-state-metrics": stack.addons.kube_state_metrics.metrics_url,
+            }
+        )
     cluster.save_state()
     if cluster.node is not None:
         install_operator(cluster)
@@ -92,8 +93,10 @@ def _print_usage(cluster: Cluster, kubeconfig: Path) -> None:
         )
     if cluster.node is not None:
         print(f"  cluster DNS         CoreDNS at {cluster.node.address}:53 (nothing forwarded)")
-        print("  prometheus (pods)   http://prometheus-operated.monitoring.svc:9090 (the default)")
-    print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
+        print("  prometheus (pods)   http://prometheus-operated.monitoring.svc:9090 (Prometheus Operator)")
+        print("  KEDA                operator + metrics adapter (APIService v1beta1.external.metrics.k8s.io)")
+    else:
+        print("  (no KEDA, kube-state-metrics or Prometheus: the add-ons need the real node)")
     print(f"\n  export KUBECONFIG={kubeconfig}")
     print(f"  {kubectl} get nodes -o wide  # {realnode.NODE_NAME} (real pods) and two tainted kwok nodes")
     print(f"  {kubectl} apply -f examples/tiny-cpu.yaml   # a pod on the real node that serves chat")
@@ -120,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-real-node",
         dest="real_node",
         action="store_false",
-        help="`up` without the real node and registry (one real cluster per machine: e2e/lab/realnode.py)",
+        help="`up` without the real node, the registry and the add-ons (one real cluster per machine: "
+        "e2e/lab/realnode.py)",
     )
     parser.add_argument(
         "--nodes",

@@ -3,7 +3,7 @@ and metrics adapter, the adapter serving external.metrics.k8s.io through the API
 and kube-state-metrics. Binaries and CRDs come from the cluster's bin_dir (built by e2e/lab/tools/build.sh).
 
     addons = start_addons(cluster)              # returns once all are up, the APIService Available
-    addons.kube_state_metrics.metrics_url       # http://127.0.0.1:PORT/metrics
+    addons.kube_state_metrics.metrics_url       # http://HOST:PORT/metrics
     addons.stop()                               # or: with start_addons(cluster) as addons: ...
 
 Each process logs to <cluster workdir>/logs/NAME.log and is stopped by PID. Unless `detach`, it also dies
@@ -347,13 +347,25 @@ def start_keda(
 
 
 class KubeStateMetrics(ComponentProcess):
-    """kube-state-metrics on loopback: object metrics at `metrics_url` (the built-in ones, and the
-    InferenceServices' from the chart's custom-resource-state config), its own at `telemetry_url`."""
+    """kube-state-metrics: object metrics at `metrics_url` (the built-in ones, and the InferenceServices'
+    from the chart's custom-resource-state config), its own at `telemetry_url` (loopback). The metrics listen
+    on the real node's address when there is one, where the Prometheus pod scrapes them (a pod cannot reach
+    the host's loopback), else on loopback."""
 
     def __init__(self, cluster: Cluster, log_dir: Path, *, detach: bool) -> None:
         super().__init__("kube-state-metrics", cluster.bin_dir, log_dir, detach=detach)
         self.kubeconfig = cluster.kubeconfig
+        self.host = "127.0.0.1" if cluster.node is None else cluster.node.address
         self.port, self.telemetry_port = free_ports(2)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """HOST:PORT of the metrics, a scrape target."""
+        return f"{self.host}:{self.port}"
 
     @property
     def metrics_url(self) -> str:
@@ -366,7 +378,7 @@ class KubeStateMetrics(ComponentProcess):
     def args(self) -> list[str]:
         return [
             f"--kubeconfig={self.kubeconfig}",
-            "--host=127.0.0.1",
+            f"--host={self.host}",
             f"--port={self.port}",
             "--telemetry-host=127.0.0.1",
             f"--telemetry-port={self.telemetry_port}",

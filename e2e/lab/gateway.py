@@ -24,8 +24,8 @@ For a side-by-side comparison (benchmarks/bench_routing.py), `round_robin=` pod 
 listener to the same Envoy (`gateway.round_robin_url`): the same route, timeouts and connection settings to a
 static ROUND_ROBIN cluster of those pods, without the picker, so the two sides differ only in the picking.
 
-Prometheus (e2e/lab/monitoring.py) scrapes the picker through the ServiceMonitor the operator writes for it
-(spec.monitoring.serviceMonitor).
+Prometheus (the Prometheus Operator's, e2e/lab/prometheus_operator.py) scrapes the picker through the
+ServiceMonitor the operator writes for it (spec.monitoring.serviceMonitor).
 
 Logs: <cluster workdir>/logs/envoy-<namespace>-<name>.log (the access log, one JSON line per request); the
 picker's with `kubectl logs`. Files: <cluster workdir>/gateway/<namespace>-<name>/.

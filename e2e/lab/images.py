@@ -1,9 +1,8 @@
 """Builds Pagoda's OCI images with buildah: no Docker daemon, no network, each cached by its inputs' hash.
 
-    python -m e2e.lab.images [all | base operator epp pause runtime-cpu]   (make images; make
-    image-runtime-cpu) python -m e2e.lab.images lock                                          (make lock:
-    rewrites the lock files) python -m e2e.lab.images push 127.0.0.1:5000 [NAME ...]                (the built
-    images, to a local registry)
+    python -m e2e.lab.images [all | NAME ...]             (make images; make image-runtime-cpu)
+    python -m e2e.lab.images lock                         (make lock: rewrites the lock files)
+    python -m e2e.lab.images push 127.0.0.1:5000 [NAME ...]   (the built images, to a local registry)
 
 The images, in build order (`all` builds every one; the CPU runtime is also `make image-runtime-cpu` alone,
 as it is heavy):
@@ -17,6 +16,10 @@ as it is heavy):
 - epp: e2e/lab/dockerfiles/epp.Dockerfile, GIE's endpoint picker as `make tools` builds it -> the operator's
 default
   picker image (operator/api/routing.py), so that the picker Deployments run it unchanged.
+- prometheus, prometheus-operator, prometheus-config-reloader: e2e/lab/dockerfiles/<name>.Dockerfile, the
+  programs `make tools` builds from e2e/lab/tools/prometheus{,-operator}/go.mod -> the images the Prometheus
+  Operator's own manifests and its Prometheus StatefulSets name (quay.io/...), for the local cluster's
+  monitoring (e2e/lab/prometheus_operator.py).
 - pause: e2e/lab/dockerfiles/pause.Dockerfile, a static pause (e2e/lab/dockerfiles/pause.c) ->
 registry.k8s.io/pause:3.10, the
   sandbox image the kubelet and containerd ask for.
@@ -224,6 +227,36 @@ def picker_image() -> str:
             f"picker {version.group(1)} (operator) != {pinned.group(1)} (e2e/lab/tools/gie/go.mod)"
         )
     return image.group(1).replace("{PICKER_VERSION}", version.group(1))
+
+
+def required_version(tools_module: str, module: str) -> str:
+    """The version of `module` that e2e/lab/tools/<tools_module>/go.mod requires (`make tools` builds it)."""
+    gomod = REPO_ROOT / "e2e/lab/tools" / tools_module / "go.mod"
+    pinned = re.search(rf"^\s*(?:require\s+)?{re.escape(module)} (v\S+)", gomod.read_text(), re.M)
+    if not pinned:
+        raise SystemExit(f"{gomod} requires no {module}")
+    return pinned.group(1)
+
+
+def prometheus_release() -> str:
+    """Prometheus's release (3.16.0) from its Go module's version (v0.316.0), as e2e/lab/tools/build.sh
+    stamps it."""
+    version = required_version("prometheus", "github.com/prometheus/prometheus")
+    found = re.fullmatch(r"v0\.(\d)(\d\d)\.(\d+)", version)
+    if not found:
+        raise SystemExit(f"github.com/prometheus/prometheus {version}: not a v0.MMP.x module version")
+    return f"{found.group(1)}.{int(found.group(2))}.{found.group(3)}"
+
+
+def prometheus_image() -> str:
+    """The image the Prometheus Operator runs for a Prometheus of spec.version v<release>."""
+    return f"quay.io/prometheus/prometheus:v{prometheus_release()}"
+
+
+def prometheus_operator_image(name: str) -> str:
+    """`prometheus-operator` or `prometheus-config-reloader`, as the operator's bundle.yaml names them."""
+    version = required_version("prometheus-operator", "github.com/prometheus-operator/prometheus-operator")
+    return f"quay.io/prometheus-operator/{name}:{version}"
 
 
 # --- Dockerfiles -------------------------------------------------------------------------------------------
@@ -512,10 +545,17 @@ def pause_binary(scratch: Path) -> dict[str, Path]:
     return {"pause": out}
 
 
-def epp_binary(scratch: Path) -> dict[str, Path]:
-    if not (BIN / "epp").exists():
-        raise SystemExit(f"{BIN / 'epp'} is missing: run `make tools` first")
-    return {"epp": BIN / "epp"}
+def go_binaries(*names: str) -> Callable[[Path], dict[str, Path]]:
+    """The context files of an image of programs that `make tools` builds into BIN."""
+
+    def provided(scratch: Path) -> dict[str, Path]:
+        del scratch
+        missing = [name for name in names if not (BIN / name).exists()]
+        if missing:
+            raise SystemExit(f"{', '.join(missing)} missing from {BIN}: run `make tools` first")
+        return {name: BIN / name for name in names}
+
+    return provided
 
 
 IMAGES: dict[str, Image] = {
@@ -532,7 +572,25 @@ IMAGES: dict[str, Image] = {
             "epp",
             lambda: [picker_image()],
             dockerfile=REPO_ROOT / "e2e/lab/dockerfiles/epp.Dockerfile",
-            provided=epp_binary,
+            provided=go_binaries("epp"),
+        ),
+        Image(
+            "prometheus",
+            lambda: [prometheus_image()],
+            dockerfile=REPO_ROOT / "e2e/lab/dockerfiles/prometheus.Dockerfile",
+            provided=go_binaries("prometheus"),
+        ),
+        Image(
+            "prometheus-operator",
+            lambda: [prometheus_operator_image("prometheus-operator")],
+            dockerfile=REPO_ROOT / "e2e/lab/dockerfiles/prometheus-operator.Dockerfile",
+            provided=go_binaries("prometheus-operator"),
+        ),
+        Image(
+            "prometheus-config-reloader",
+            lambda: [prometheus_operator_image("prometheus-config-reloader")],
+            dockerfile=REPO_ROOT / "e2e/lab/dockerfiles/prometheus-config-reloader.Dockerfile",
+            provided=go_binaries("prometheus-config-reloader"),
         ),
         Image(
             "pause",

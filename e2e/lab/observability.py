@@ -1,4 +1,6 @@
-"""A real Prometheus (Debian's `prometheus` binary) on loopback, a real runtime to scrape, and load for it.
+"""PromQL against a Prometheus; a Prometheus of its own (Debian's `prometheus` binary) on loopback, for
+`python -m e2e.lab.dashboard_images`, which runs without a cluster; a real runtime to scrape, and load for it.
+The e2e tests query the cluster's Prometheus, the Prometheus Operator's (e2e/lab/prometheus_operator.py).
 
 Prometheus runs with a private config and data dir (not the Debian service). Targets are given through a
 file_sd file, so they can be added while it runs. Each target carries the labels the Prometheus Operator
@@ -79,7 +81,7 @@ class PromQL:
 
 @dataclass
 class PrometheusAt(PromQL):
-    """A Prometheus someone else runs (e2e/lab/monitoring.py for the add-ons)."""
+    """A Prometheus someone else runs (the Prometheus Operator's, e2e/lab/prometheus_operator.py)."""
 
     url: str
 
@@ -175,8 +177,12 @@ def dashboard(name: str) -> dict[str, Any]:
     return board
 
 
-def resolve_variables(prom: PromQL, board: dict[str, Any]) -> dict[str, str]:
-    """Resolve namespace, then service, with the dashboard's own label_values() queries, as Grafana does."""
+def resolve_variables(
+    prom: PromQL, board: dict[str, Any], choose: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Resolve namespace, then service, with the dashboard's own label_values() queries, as Grafana does:
+    each variable takes the value `choose` gives it, which its query must offer (a Prometheus that scrapes
+    a whole cluster offers many), or else the first value offered."""
     chosen: dict[str, str] = {}
     for variable in board["templating"]["list"]:
         if variable["type"] != "query":
@@ -187,7 +193,9 @@ def resolve_variables(prom: PromQL, board: dict[str, Any]) -> dict[str, str]:
         selector, label = definition.removeprefix("label_values(").removesuffix(")").rsplit(",", 1)
         values = prom.label_values(label.strip(), selector.strip())
         assert values, f"variable {variable['name']}: {definition} returned nothing"
-        chosen[variable["name"]] = sorted(values)[0]
+        wanted = (choose or {}).get(variable["name"])
+        assert wanted is None or wanted in values, f"variable {variable['name']}: {wanted} not in {values}"
+        chosen[variable["name"]] = wanted or sorted(values)[0]
     return chosen
 
 

@@ -39,7 +39,6 @@ SAMPLE_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 POLL = 0.1  # how often the cluster's waits poll
 # Components that are harness code run by this Python (`python -m MODULE`), not Go binaries in bin_dir.
 PYTHON_COMPONENTS = {
-    "monitoring": "e2e.lab.monitoring",
     "pagoda-operator": "pagoda.operator.main",  # `make cluster-up` runs the operator too
 }
 

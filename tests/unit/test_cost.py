@@ -108,7 +108,7 @@ def test_cost_rules_read_only_exported_series() -> None:
 
 def test_the_e2e_harness_runs_the_same_file(tmp_path: Path) -> None:
     assert KSM_CUSTOM_RESOURCE_STATE.resolve() == CONFIG.resolve()
-    cluster = SimpleNamespace(bin_dir=tmp_path, kubeconfig=tmp_path / "kubeconfig")
+    cluster = SimpleNamespace(bin_dir=tmp_path, kubeconfig=tmp_path / "kubeconfig", node=None)
     args = KubeStateMetrics(cluster, tmp_path, detach=False).args()  # type: ignore[arg-type]
     assert f"--custom-resource-state-config-file={CONFIG.resolve()}" in args
 

@@ -9,19 +9,25 @@
 # application controller and repo server (argocd/go.mod: one small main, built with the Go toolchain its go.mod
 # names), CoreDNS for the real node's cluster DNS (coredns/go.mod: a small main with the plugins it uses),
 # kube-network-policies for the real node's NetworkPolicies (netpol/go.mod: a small main that takes a kubeconfig),
+# Prometheus (prometheus/go.mod), the Prometheus Operator and its config reloader
+# (prometheus-operator/go.mod: apart from Prometheus's, whose module its own requires at an older version),
 # the e2e add-ons, actionlint (actionlint/go.mod: `make lint` checks .github/workflows with it), and
 # dashboard-lint (dashboard-lint/go.mod: checks the chart's Grafana dashboards
 # against Grafana's schema, for the unit tests).
 # Copies the third-party CRDs out of their Go modules (KEDA's from the version in keda/go.mod, the
-# InferencePool's from the version in gie/go.mod, Argo CD's Application and AppProject from argocd/go.mod, the Prometheus Operator's pinned below).
+# InferencePool's from the version in gie/go.mod, Argo CD's Application and AppProject from argocd/go.mod, the
+# Prometheus Operator's ServiceMonitor and PrometheusRule from prometheus-operator/go.mod), and the Prometheus
+# Operator's own manifests (its bundle.yaml: every CRD, its RBAC and Deployment; and the example RBAC of a
+# Prometheus) to OUTDIR/prometheus-operator-manifests/.
 #
 #   bash e2e/tools/build.sh OUTDIR      (the Makefile runs: bash e2e/tools/build.sh .pagoda-dev/bin)
 #
 # OUTDIR receives kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet, kube-proxy, etcd,
 # kwok, helm, containerd, containerd-shim-runc-v2, ctr, cni/{bridge,host-local,loopback}, registry, minio,
 # keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), coredns,
-# kube-network-policies, dashboard-lint, actionlint and crds/*.yaml; all static (CGO_ENABLED=0). Incremental per
-# step: OUTDIR/.stamps/<step> holds a hash of what the step builds from (its module's go.mod, go.sum and main.go,
+# kube-network-policies, prometheus, prometheus-operator, prometheus-config-reloader,
+# prometheus-operator-manifests/*.yaml, dashboard-lint, actionlint and crds/*.yaml; all static (CGO_ENABLED=0).
+# Incremental per step: OUTDIR/.stamps/<step> holds a hash of what the step builds from (its module's go.mod, go.sum and main.go,
 # the step's function and arguments); a step whose stamp matches and whose outputs exist is skipped. So a new or
 # re-pinned tool builds only itself when OUTDIR holds the previous build (the Makefile seeds it from the last cached
 # build), and Go's module and build caches make even a changed step incremental.
@@ -36,8 +42,8 @@ GIE_MODULE=sigs.k8s.io/gateway-api-inference-extension
 ARGOCD_MODULE=github.com/argoproj/argo-cd/v3
 COREDNS_MODULE=github.com/coredns/coredns
 NETPOL_MODULE=sigs.k8s.io/kube-network-policies
+PROMETHEUS_MODULE=github.com/prometheus/prometheus
 PROMOP_MODULE=github.com/prometheus-operator/prometheus-operator
-PROMOP_VERSION=v0.85.0
 
 # The CNI plugins go to OUTDIR/cni/, a directory of their own for the runtime's CNI bin_dir.
 CNI_PLUGINS=(bridge host-local loopback)
@@ -85,6 +91,8 @@ argocd_go() { GOTOOLCHAIN="$argocd_toolchain" go -C "$here/argocd" "$@"; }
 argocd_version="$(argocd_go list -m -f '{{.Version}}' "$ARGOCD_MODULE")"
 coredns_version="$(go -C coredns list -m -f '{{.Version}}' "$COREDNS_MODULE")"
 netpol_version="$(go -C netpol list -m -f '{{.Version}}' "$NETPOL_MODULE")"
+prometheus_version="$(go -C prometheus list -m -f '{{.Version}}' "$PROMETHEUS_MODULE")"
+promop_version="$(go -C prometheus-operator list -m -f '{{.Version}}' "$PROMOP_MODULE")"
 k8s_minor="$(cut -d. -f2 <<<"$k8s_version")"
 k8s_x=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -103,6 +111,12 @@ registry_x+=" -X $REGISTRY_MODULE/version.revision=$(go -C registry list -m -f '
 keda_x="-X $KEDA_MODULE/version.Version=$keda_version"
 ksm_x="-X github.com/prometheus/common/version.Version=$ksm_version"
 gie_x="-X $GIE_MODULE/version.BuildRef=$gie_version"
+# Prometheus's module v0.MMP.x is its release 3.MM.x (v0.316.0 is 3.16.0): what `prometheus --version` reports,
+# and the tag its image carries (the Prometheus Operator names an image by that version).
+prometheus_release="$(sed -E 's/^v0\.([0-9])([0-9]{2})\.([0-9]+)$/\1.\2.\3/; s/^([0-9])\.0([0-9])/\1.\2/' <<<"$prometheus_version")"
+prometheus_x="-X github.com/prometheus/common/version.Version=$prometheus_release -X github.com/prometheus/common/version.Branch=HEAD"
+prometheus_x+=" -X github.com/prometheus/common/version.Revision=$(go -C prometheus list -m -f '{{.Sum}}' "$PROMETHEUS_MODULE")"
+promop_x="-X github.com/prometheus/common/version.Version=${promop_version#v}"
 argocd_x="-X $ARGOCD_MODULE/common.version=${argocd_version#v} -X $ARGOCD_MODULE/common.gitTreeState=clean"
 build_flags=(-trimpath)
 total_start=$SECONDS
@@ -200,6 +214,19 @@ build_netpol() {
     (cd "$here/netpol" && go build "${build_flags[@]}" -ldflags="-s -w" -o "$out/kube-network-policies" .)
 }
 
+# Kubernetes service discovery only, with upstream's build tags (plugins/plugin_*.go): the cloud providers' SDKs
+# are most of a full build's time.
+build_prometheus() {
+    (cd "$here/prometheus" && go build "${build_flags[@]}" -tags "remove_all_sd enable_kubernetes_sd" \
+        -ldflags="-s -w $prometheus_x" -o "$out/prometheus" "$PROMETHEUS_MODULE/cmd/prometheus")
+}
+
+build_prometheus_operator() {
+    (cd "$here/prometheus-operator" && go build "${build_flags[@]}" -ldflags="-s -w $promop_x" -o "$out/" \
+        "$PROMOP_MODULE/cmd/operator" "$PROMOP_MODULE/cmd/prometheus-config-reloader")
+    mv "$out/operator" "$out/prometheus-operator"
+}
+
 build_actionlint() {
     local version
     version="$(go -C "$here/actionlint" list -m -f '{{.Version}}' github.com/rhysd/actionlint)"
@@ -225,7 +252,7 @@ copy_crds() {
     keda="$(module_dir keda "$KEDA_MODULE")"
     gie="$(module_dir gie "$GIE_MODULE")"
     argocd="$(module_dir argocd "$ARGOCD_MODULE")"
-    promop="$(module_dir . "$PROMOP_MODULE@$PROMOP_VERSION")"
+    promop="$(module_dir prometheus-operator "$PROMOP_MODULE")"
     for f in "${KEDA_CRDS[@]}"; do
         install -m 0644 "$keda/config/crd/bases/$f" "$out/crds/"
     done
@@ -236,6 +263,16 @@ copy_crds() {
     install -m 0644 "$argocd/manifests/crds/appproject-crd.yaml" "$out/crds/argoproj.io_appprojects.yaml"
     for kind in servicemonitors prometheusrules; do
         install -m 0644 "$promop/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$out/crds/"
+    done
+}
+
+copy_prometheus_operator_manifests() {
+    local promop
+    promop="$(module_dir prometheus-operator "$PROMOP_MODULE")"
+    mkdir -p "$out/prometheus-operator-manifests"
+    install -m 0644 "$promop/bundle.yaml" "$out/prometheus-operator-manifests/bundle.yaml"
+    for f in prometheus-service-account prometheus-cluster-role prometheus-cluster-role-binding; do
+        install -m 0644 "$promop/example/rbac/prometheus/$f.yaml" "$out/prometheus-operator-manifests/"
     done
 }
 
@@ -269,13 +306,22 @@ step argocd argocd "argocd git-verify-wrapper.sh" \
 step coredns coredns coredns "build coredns ($COREDNS_MODULE $coredns_version, module coredns/)" build_coredns
 step netpol netpol kube-network-policies \
     "build kube-network-policies ($NETPOL_MODULE $netpol_version, module netpol/)" build_netpol
+step prometheus prometheus prometheus \
+    "build prometheus ($PROMETHEUS_MODULE $prometheus_version = $prometheus_release, module prometheus/)" \
+    build_prometheus
+step prometheus-operator prometheus-operator "prometheus-operator prometheus-config-reloader" \
+    "build prometheus-operator, prometheus-config-reloader ($PROMOP_MODULE $promop_version, module prometheus-operator/)" \
+    build_prometheus_operator
+step prometheus-operator-manifests prometheus-operator \
+    "prometheus-operator-manifests/bundle.yaml prometheus-operator-manifests/prometheus-cluster-role.yaml" \
+    "copy the Prometheus Operator's manifests ($promop_version)" copy_prometheus_operator_manifests
 step dashboard-lint dashboard-lint dashboard-lint \
     "build dashboard-lint (github.com/grafana/grafana-foundation-sdk/go, module dashboard-lint/)" build_dashboard_lint
 step actionlint actionlint actionlint "build actionlint (github.com/rhysd/actionlint, module actionlint/)" \
     build_actionlint
 step kwok-stages . kwok-stages.yaml "copy kwok's default stages" copy_kwok_stages
 step crds . "${CRDS[*]/#/crds/}" \
-    "copy CRDs (KEDA $keda_version, GIE $gie_version, Argo CD $argocd_version, Prometheus Operator $PROMOP_VERSION)" \
-    copy_crds "$keda_version" "$gie_version" "$argocd_version" "$PROMOP_VERSION"
+    "copy CRDs (KEDA $keda_version, GIE $gie_version, Argo CD $argocd_version, Prometheus Operator $promop_version)" \
+    copy_crds "$keda_version" "$gie_version" "$argocd_version" "$promop_version"
 
 echo "Built ${built[*]:-nothing (all up to date)} into $out in $((SECONDS - total_start))s."
