@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,10 @@ class Monitoring:
             ("prometheus", ("-n", NAMESPACE, f"pod/{POD}", "-c", "prometheus")),
             ("prometheus-config-reloader", ("-n", NAMESPACE, f"pod/{POD}", "-c", "config-reloader")),
         ):
-            got = self.cluster.kubectl("logs", *args, check=False, timeout=30)
+            try:
+                got = self.cluster.kubectl("logs", *args, check=False, timeout=30)
+            except subprocess.TimeoutExpired:  # a pod on a node that is gone (e2e/test_two_nodes.py)
+                continue
             (logs / f"{name}.log").write_text(got.stdout + got.stderr)
         for args in (
             ("-n", NAMESPACE, "prometheus", NAME),
