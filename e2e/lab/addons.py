@@ -359,13 +359,13 @@ class KubeStateMetrics(ComponentProcess):
         self.port, self.telemetry_port = free_ports(2)
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
     def address(self) -> str:
         """HOST:PORT of the metrics, a scrape target."""
         return f"{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
 
     @property
     def metrics_url(self) -> str:

@@ -216,16 +216,11 @@ def picker_image() -> str:
     routing = (REPO_ROOT / "operator/api/routing.py").read_text()
     version = re.search(r'^PICKER_VERSION = "([^"]+)"', routing, re.M)
     image = re.search(r'^DEFAULT_PICKER_IMAGE = f"([^"]+)"', routing, re.M)
-    gomod = (REPO_ROOT / "e2e/lab/tools/gie/go.mod").read_text()
-    pinned = re.search(r"^\s*sigs\.k8s\.io/gateway-api-inference-extension (\S+)", gomod, re.M)
-    if not (version and image and pinned):
-        raise SystemExit(
-            "cannot read the picker's image from operator/api/routing.py and e2e/lab/tools/gie/go.mod"
-        )
-    if version.group(1) != pinned.group(1):
-        raise SystemExit(
-            f"picker {version.group(1)} (operator) != {pinned.group(1)} (e2e/lab/tools/gie/go.mod)"
-        )
+    pinned = required_version("gie", "sigs.k8s.io/gateway-api-inference-extension")
+    if not (version and image):
+        raise SystemExit("cannot read the picker's image from operator/api/routing.py")
+    if version.group(1) != pinned:
+        raise SystemExit(f"picker {version.group(1)} (operator) != {pinned} (e2e/lab/tools/gie/go.mod)")
     return image.group(1).replace("{PICKER_VERSION}", version.group(1))
 
 

@@ -27,10 +27,10 @@
 # keda-operator, keda-adapter, kube-state-metrics, epp, argocd (+ its git-verify-wrapper.sh), coredns,
 # kube-network-policies, prometheus, prometheus-operator, prometheus-config-reloader,
 # prometheus-operator-manifests/*.yaml, dashboard-lint, actionlint and crds/*.yaml; all static (CGO_ENABLED=0).
-# Incremental per step: OUTDIR/.stamps/<step> holds a hash of what the step builds from (its module's go.mod, go.sum and main.go,
-# the step's function and arguments); a step whose stamp matches and whose outputs exist is skipped. So a new or
-# re-pinned tool builds only itself when OUTDIR holds the previous build (the Makefile seeds it from the last cached
-# build), and Go's module and build caches make even a changed step incremental.
+# Incremental per step: OUTDIR/.stamps/<step> holds a hash of what the step builds from (its module's go.mod,
+# go.sum and main.go, the step's function and arguments); a step whose stamp matches and whose outputs exist
+# is skipped. So a new or re-pinned tool builds only itself when OUTDIR holds the previous build (the Makefile
+# seeds it from the last cached build), and Go's module and build caches make even a changed step incremental.
 set -euo pipefail
 
 CONTAINERD_MODULE=github.com/containerd/containerd/v2
