@@ -38,6 +38,7 @@ from pagoda.operator.kube.podcalls import PodTrust
 from pagoda.operator.kube.workqueue import Outcome, WorkQueue, work
 from pagoda.operator.reconcile import apply
 from pagoda.operator.reconcile.core import reconcile
+from pagoda.operator.reconcile.rollouts import DEFAULT_MAX_CONCURRENT, FleetRollouts
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE, OperatorSettings
 from pagoda.operator.status.nodes import NODE_KIND
 
@@ -108,6 +109,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "endpoint pickers are bound to in their namespace, which the operator may `bind`; default: each "
         "picker gets a Role of its own, which the operator may grant only if it holds its rules",
     )
+    parser.add_argument(
+        "--max-concurrent-rollouts",
+        type=int,
+        default=DEFAULT_MAX_CONCURRENT,
+        metavar="N",
+        help="how many services may roll at once for a pod template the operator changed (an upgrade's "
+        "defaults), not their own spec: the others keep their pods and wait, with the status condition "
+        "RolloutQueued (reconcile/rollouts.py); at least 1",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     if args.leader_elect is not None:
@@ -122,6 +132,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             )
         except ValueError as exc:
             parser.error(str(exc))
+    if args.max_concurrent_rollouts < 1:
+        parser.error(f"--max-concurrent-rollouts must be at least 1, got {args.max_concurrent_rollouts}")
     for namespace in args.allow_from_namespace:
         if not re.fullmatch(NAMESPACE_PATTERN, namespace) or len(namespace) > 63:
             parser.error(f"--allow-from-namespace: {namespace!r} is not a namespace name (a DNS label)")
@@ -301,7 +313,12 @@ async def reconcile_all(
         overlap = args.resync_seconds + KUBELET_SYNC_SECONDS
     keys = await asyncio.to_thread(load_keys, kube, args.management_key_secret, overlap)
     reconcile_one = functools.partial(
-        reconcile, kube, cache=cache, capacity=capacity, adapters=AdapterSync(keys, trust=trust)
+        reconcile,
+        kube,
+        cache=cache,
+        capacity=capacity,
+        adapters=AdapterSync(keys, trust=trust),
+        rollouts=FleetRollouts(args.max_concurrent_rollouts),
     )
     settings = OperatorSettings(
         default_image=args.runtime_image,

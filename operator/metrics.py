@@ -43,6 +43,11 @@ RECONCILES_IN_PROGRESS = Gauge(
     "pagoda_operator_reconciles_in_progress",
     "Reconcile passes running now (at most --workers).",
 )
+ROLLOUTS_QUEUED = Gauge(
+    "pagoda_operator_rollouts_queued",
+    "InferenceServices whose pod template change of the operator's (an upgrade's) waits for the fleet's "
+    "rollout budget (--max-concurrent-rollouts), as of the last pass that asked it.",
+)
 
 # Results are pre-created so that a scrape shows every series at 0 from the start.
 for _result in ("applied", "unchanged", "error"):

@@ -33,6 +33,8 @@ from e2e.lab.processes import REPO_ROOT, free_port
 
 STORAGE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "pagoda" / "registry"
 CHART_DIR = REPO_ROOT / "charts" / "pagoda"
+RELEASES_FILE = REPO_ROOT / "RELEASES.md"  # each release's version and commit
+INSTALL_DOC = REPO_ROOT / "docs" / "install.md"  # with each release's upgrade notes
 CHART_REPOSITORY = "charts"
 IMAGES_INDEX = REPO_ROOT / ".pagoda-dev" / "images" / "index.json"
 BUILDAH_ROOT = Path.home() / ".cache" / "pagoda" / "buildah"
@@ -204,10 +206,39 @@ def push_chart(registry: str, helm: Path, workdir: Path, plain_http: bool = True
 RELEASED_IMAGES = ("operator", "runtime-cpu")
 
 
+def released_versions(releases: Path = RELEASES_FILE) -> list[str]:
+    """The versions in RELEASES.md's table, oldest first."""
+    rows = [line.split("|")[1].strip() for line in releases.read_text().splitlines() if line.startswith("| ")]
+    return [v for v in rows if v and v[0].isdigit()]
+
+
+def missing_upgrade_notes(
+    version: str, releases: Path = RELEASES_FILE, notes: Path = INSTALL_DOC
+) -> str | None:
+    """Why `version` may not be released yet for want of upgrade notes, or None: every release after the
+    first has a section `### Upgrading from <the release before it> to <version>` in docs/install.md."""
+    versions = released_versions(releases)
+    earlier = versions[: versions.index(version)] if version in versions else versions
+    if not earlier:
+        return None  # the first release: nothing to upgrade from
+    heading = f"### Upgrading from {earlier[-1]} to {version}"
+    if heading in notes.read_text().splitlines():
+        return None
+    return (
+        f"{notes.relative_to(REPO_ROOT) if notes.is_relative_to(REPO_ROOT) else notes} has no section "
+        f"'{heading}': write what the upgrade changes for running services, what rolls and when, the "
+        "permissions, how to roll back and the CRD's compatibility first."
+    )
+
+
 def release(prefix: str, version: str, helm: Path, workdir: Path, plain_http: bool = False) -> dict[str, str]:
     """Pushes the released images as PREFIX/<name>:<tag> and the chart as oci://PREFIX/charts/pagoda, where
     the chart's version and appVersion must equal `version` (its default image tag is the appVersion, so
-    the chart installs what this release pushed). Returns target -> digest."""
+    the chart installs what this release pushed), and docs/install.md must have its upgrade notes
+    (`missing_upgrade_notes`). Returns target -> digest."""
+    missing_notes = missing_upgrade_notes(version)
+    if missing_notes is not None:
+        raise RegistryError(missing_notes)
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     for key in ("version", "appVersion"):
         if str(chart[key]) != version:

@@ -21,6 +21,9 @@ SLO_UNMET = "SLOUnmet"
 # With spec.autoscaling, once its ScaledObject exists: True while the autoscaler cannot read the load (KEDA's
 # fallback holds the replicas, or the HPA reads nothing from KEDA's adapter); status/scalingmetrics.py.
 METRICS_UNAVAILABLE = "ScalingMetricsUnavailable"
+# True while the operator holds the pods' template of an upgrade for the fleet's rollout budget (the chart's
+# rollouts.maxConcurrent; reconcile/rollouts.py); absent otherwise.
+ROLLOUT_QUEUED = "RolloutQueued"
 
 
 class Condition(ApiModel):
@@ -29,7 +32,8 @@ class Condition(ApiModel):
     type: str = Field(
         max_length=316,
         description="Ready, Progressing, Degraded, DisruptionTolerant, SLOUnmet (with spec.slo, once a "
-        "profile has measured) or ScalingMetricsUnavailable (with spec.autoscaling).",
+        "profile has measured), ScalingMetricsUnavailable (with spec.autoscaling) or RolloutQueued (while an "
+        "operator upgrade's new pod template waits for the fleet's rollout budget).",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(max_length=1024, description="CamelCase reason for the last transition.")
@@ -385,10 +389,19 @@ class InferenceServiceStatus(ApiModel):
         "measured, SLOUnmet (True while the newest profile met the SLO at no step); with spec.autoscaling, "
         "ScalingMetricsUnavailable (True while the autoscaler cannot read the load: KEDA's fallback holds "
         "the replicas, reason KedaFallback, naming the failing triggers; or the HPA reads nothing from "
-        "KEDA's metrics adapter, reason ExternalMetricsUnavailable; lastTransitionTime says since when).",
+        "KEDA's metrics adapter, reason ExternalMetricsUnavailable; lastTransitionTime says since when); "
+        "RolloutQueued while an operator upgrade's new pod template waits for the fleet's rollout budget "
+        "(the message names the place in the queue).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     observed_generation: int | None = Field(default=None, description="metadata.generation last reconciled.")
+    pod_template_inputs: str | None = Field(
+        default=None,
+        max_length=64,
+        description="A hash of what this service alone decides about its pods (its spec, restart stamps, "
+        "chat template and profile results) at the last pass: a pod template change with the same hash "
+        "is the operator's own (an upgrade), rolled under the chart's rollouts.maxConcurrent.",
+    )
     replicas: int | None = Field(default=None, description="Replicas of the Deployment (scale subresource).")
     ready_replicas: int | None = Field(default=None, description="Ready replicas of the Deployment.")
     ready_summary: str | None = Field(

@@ -195,6 +195,17 @@ class ObjectCache:
         with self._lock:
             return dict(self._children.get((namespace, owner), {}))
 
+    def all_of_kind(self, kind: str) -> list[tuple[Key, Obj]]:
+        """Every owner's child of `kind` (its name is the owner's), with the owner's key: e.g. each
+        service's Deployment, for the fleet's rollout budget (reconcile/rollouts.py)."""
+        with self._lock:
+            return [
+                (owner, child)
+                for owner, children in self._children.items()
+                for (child_kind, child_name), child in children.items()
+                if child_kind == kind and child_name == owner[1]
+            ]
+
     def saw_secret(self, namespace: str, name: str) -> None:
         with self._lock:
             self._secrets.add((namespace, name))

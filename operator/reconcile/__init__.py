@@ -2,7 +2,8 @@
 
 Where each step lives: the pass itself in core.py, what it carries from step to step in state.py; what it
 reads of the cluster in observe.py (with chattemplate.py for a template in a ConfigMap and profile.py for a
-profile Job's result); the children it wants in desired.py (with restarts.py for the restart schedule);
+profile Job's result); the children it wants in desired.py (with restarts.py for the restart schedule, and
+rollouts.py for the fleet's budget of rollouts an operator upgrade starts);
 their apply and prune in apply.py (compare.py decides what differs); its Events in events.py; the problems
 it reports in problems.py. The status itself is computed in operator/status/.
 """

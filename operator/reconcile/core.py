@@ -36,9 +36,11 @@ from pagoda.operator.kube.workqueue import Outcome
 from pagoda.operator.reconcile import events, restarts
 from pagoda.operator.reconcile.apply import change_children
 from pagoda.operator.reconcile.chattemplate import read_chat_template
-from pagoda.operator.reconcile.desired import desired_state, start_at_min_replicas
+from pagoda.operator.reconcile.desired import child_inputs, desired_state, start_at_min_replicas
 from pagoda.operator.reconcile.observe import check_secrets, observe, read_children, read_owner
 from pagoda.operator.reconcile.problems import invalid_spec
+from pagoda.operator.reconcile.profile import keep_measured_job
+from pagoda.operator.reconcile.rollouts import QUEUED_RECHECK_S, FleetRollouts, budget_template, inputs_hash
 from pagoda.operator.reconcile.state import OwnerGone, Pass
 from pagoda.operator.resources import DEFAULT_SETTINGS, OperatorSettings, selector_string
 from pagoda.operator.status.changes import first_report_wait, status_changed, status_patch
@@ -62,15 +64,18 @@ def reconcile(
     capacity: CapacityReader | None = None,
     adapters: AdapterSync | None = None,
     settings: OperatorSettings = DEFAULT_SETTINGS,
+    rollouts: FleetRollouts | None = None,
 ) -> Outcome:
     """One pass, counted in the operator's metrics. What it reads: see the module's docstring.
     `settings`: the runtime image, management key, trusted namespaces and picker ClusterRole the children
-    are built with (resources/inputs.py). Raises NotLeader, before reading anything, when this replica may
-    have lost the leader Lease (and at any write of the pass, should it be lost meanwhile: kube.py)."""
+    are built with (resources/inputs.py); `rollouts`: the fleet's rollout budget (rollouts.py; without one,
+    as in a pass run alone, a template change of the operator's applies at once). Raises NotLeader, before
+    reading anything, when this replica may have lost the leader Lease (and at any write of the pass, should
+    it be lost meanwhile: kube.py)."""
     kube.check_leader(f"reconcile name={name} namespace={namespace}")
     started = time.monotonic()
     try:
-        outcome = _reconcile(kube, namespace, name, now, cache, capacity, adapters, settings)
+        outcome = _reconcile(kube, namespace, name, now, cache, capacity, adapters, settings, rollouts)
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason="Exception").inc()
@@ -93,6 +98,7 @@ def _reconcile(
     capacity: CapacityReader | None,
     adapters: AdapterSync | None,
     settings: OperatorSettings,
+    rollouts: FleetRollouts | None,
 ) -> Outcome:
     owner = read_owner(kube, cache, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -113,6 +119,21 @@ def _reconcile(
     p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems, hpa, capacity)
     try:
         if desired is not None:
+            p.template_inputs = inputs_hash(
+                owner.get("spec") or {}, child_inputs(owner, settings, restart, chat_template)
+            )
+            p.rollout = budget_template(
+                desired,
+                live.get(("Deployment", name)),
+                owner,
+                p.template_inputs,
+                rollouts,
+                lambda: cache.all_of_kind("Deployment") if cache is not None else [],
+                now(),
+            )
+            if p.rollout is not None:  # held: look again for a free slot
+                p.requeue.append(QUEUED_RECHECK_S)
+            keep_measured_job(desired, live, owner)
             check_secrets(p, desired)
             change_children(p, desired)
             restarted = restarts.announcement(restart, p.live.get(("Deployment", name)))

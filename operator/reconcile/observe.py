@@ -103,6 +103,8 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
         restarts=p.restart.status() if p.restart is not None else None,
         adapters=p.adapters.status if p.adapters is not None else {},
         profile=profile,
+        rollout_queued=p.rollout.message() if p.rollout is not None else None,
+        template_inputs=p.template_inputs,
         nodes=p.cache.nodes_of(p.pods) if p.cache else None,
         kept=frozenset(kept),
     )

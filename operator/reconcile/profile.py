@@ -1,5 +1,5 @@
 """status.profile read from the cluster: the capacity profile Job's result, from its pod's termination
-message.
+message; and which profile Job a pass keeps (`keep_measured_job`).
 
 `pagoda-runtime profile` writes its result, one compact JSON object, to the container's termination message;
 the kubelet keeps it in the pod's status (at most 4 KiB). A pass reads it when the Job has finished and the
@@ -13,6 +13,7 @@ from typing import Any
 
 from pagoda.operator.kube.client import Kube
 from pagoda.operator.resources.meta import CONTAINER_NAME
+from pagoda.operator.resources.profile import PROFILE_INPUTS_ANNOTATION
 from pagoda.operator.status import profile
 
 Obj = dict[str, Any]
@@ -36,3 +37,41 @@ def termination_message(kube: Kube, namespace: str, job: str) -> str | None:
             if terminated.get("message"):
                 return str(terminated["message"]).strip()
     return None
+
+
+def keep_measured_job(desired: list[Obj], live: dict[tuple[str, str], Obj], owner: Obj) -> None:
+    """Keeps the live profile Job that measured what the desired one would (in `desired`, in its place), so
+    that no new profile runs: one whose PROFILE_INPUTS_ANNOTATION is the desired Job's digest (a Job of an
+    earlier operator version with the same inputs, named by the same digest or not), or one of an operator
+    before the annotation (0.1.0, whose Job names digested its whole pod template) while the spec is the one
+    that operator applied (`owner`'s status has no podTemplateInputs and observedGeneration is its
+    generation). The kept Job is applied as it runs, with the annotation: a metadata change only (a Job's
+    template cannot change)."""
+    index = next((i for i, m in enumerate(desired) if m["kind"] == "Job"), None)
+    if index is None:
+        return
+    want = desired[index]
+    if ("Job", want["metadata"]["name"]) in live:
+        return
+    digest = want["metadata"]["annotations"][PROFILE_INPUTS_ANNOTATION]
+    status = owner.get("status") or {}
+    before_digests = "podTemplateInputs" not in status and status.get("observedGeneration") == owner[
+        "metadata"
+    ].get("generation")
+    for (kind, _), job in sorted(live.items()):
+        if kind != "Job":
+            continue
+        has = ((job.get("metadata") or {}).get("annotations") or {}).get(PROFILE_INPUTS_ANNOTATION)
+        if has == digest or (has is None and before_digests):
+            meta = {
+                **want["metadata"],
+                "name": job["metadata"]["name"],
+                "annotations": {**want["metadata"]["annotations"]},
+            }
+            desired[index] = {
+                "apiVersion": want["apiVersion"],
+                "kind": "Job",
+                "metadata": meta,
+                "spec": job["spec"],
+            }
+            return

@@ -9,9 +9,15 @@ spec.runtime.tls too: its server is its own client's alone, on loopback, so it s
 certificate. The result is the container's termination message, which the operator copies into status.profile
 (reconcile/profile.py).
 
-The Job's name ends in a digest of its pod template: a change of anything the replica is made of or of the
-SLO, or a new value of the pagoda.dev/profile annotation, names a new Job (a Job's template cannot be
-changed), and the operator deletes the old one as a child no longer wanted.
+The Job's name ends in a digest of what the profile measures (`measured_digest`): the spec's fields that
+make one replica what it is (MEASURED_FIELDS: the model, the engine, the resources, the placement, the
+runtime container, the adapters) and the SLO, the image, the chat template and the pagoda.dev/profile
+annotation's value. A change of any of them names a new Job (a Job's template cannot be changed), and the
+operator deletes the old one as a child no longer wanted. The operator's own template, which an upgrade may
+change (a probe, a default), is not in the digest: an upgrade starts no profile
+(docs/design/2026-12-06-operator-upgrades.md).
+The digest is also the Job's PROFILE_INPUTS_ANNOTATION, by which reconcile/profile.py keeps a Job of an
+earlier operator that measured the same inputs.
 
 With spec.slo.tuneEngine the profile also chooses the engine's batch settings (`--tune-engine`,
 runtime/profiling/tune.py) and the replicas run them (`with_engine_choice`) for the fields the spec leaves
@@ -37,6 +43,12 @@ from .pod import DEFAULT_RUNTIME_IMAGE, pod_template
 PROFILE_REQUEST_ANNOTATION = "pagoda.dev/profile"
 PROFILE_LABEL = "pagoda.dev/profile-of"
 PROFILE_APP_NAME = "pagoda-profile"
+# On the Job: its measured_digest (also the end of its name).
+PROFILE_INPUTS_ANNOTATION = "pagoda.dev/profile-inputs"
+# The spec's fields that make one replica (the profile's subject); the others (replicas, autoscaling,
+# rollout, disruption, Service, monitoring, NetworkPolicy, restarts, routing, cost) do not change what one
+# replica serves. TLS is left out before (the profile serves plain HTTP on loopback).
+MEASURED_FIELDS = frozenset({"model", "engine", "resources", "scheduling", "runtime", "lora", "slo"})
 NAME_SUFFIX = "-profile-"
 DIGEST_LENGTH = 10
 # A Job's name is also its pods' job-name label value: at most 63 characters.
@@ -75,11 +87,16 @@ def profile_job(
     }
     if request:
         template["metadata"].setdefault("annotations", {})[PROFILE_REQUEST_ANNOTATION] = request
-    digest = content_hash(json.dumps(template, sort_keys=True))[:DIGEST_LENGTH]
+    digest = measured_digest(name, spec, default_image, chat_template, request)
     job: dict[str, Any] = {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": {"name": job_name(name, digest), "namespace": namespace, "labels": labels(name)},
+        "metadata": {
+            "name": job_name(name, digest),
+            "namespace": namespace,
+            "labels": labels(name),
+            "annotations": {PROFILE_INPUTS_ANNOTATION: digest},
+        },
         "spec": {
             "backoffLimit": 0,  # a failed profile is reported, not retried: its message says why
             "activeDeadlineSeconds": deadline_seconds(spec),
@@ -87,6 +104,21 @@ def profile_job(
         },
     }
     return job
+
+
+def measured_digest(
+    name: str, spec: InferenceServiceSpec, default_image: str, chat_template: str | None, request: str | None
+) -> str:
+    """A digest of what a profile of service `name`'s `spec` measures (see the module's docstring); with the
+    name, so that two services whose long names `job_name` cuts alike get Jobs of their own."""
+    measured = {
+        "service": name,
+        "spec": spec.model_dump(mode="json", by_alias=True, exclude_none=True, include=set(MEASURED_FIELDS)),
+        "image": spec.runtime.image or default_image,
+        "chatTemplate": chat_template,
+        "request": request,
+    }
+    return content_hash(json.dumps(measured, sort_keys=True))[:DIGEST_LENGTH]
 
 
 def job_name(name: str, digest: str) -> str:

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from pagoda.operator.api.routing import waiting_room_seconds
-from pagoda.operator.api.status import METRICS_UNAVAILABLE, SLO_UNMET
+from pagoda.operator.api.status import METRICS_UNAVAILABLE, ROLLOUT_QUEUED, SLO_UNMET
 from pagoda.operator.status.admission import replica_failure_issue
 from pagoda.operator.status.nodes import lost_node_issue, lost_replicas
 from pagoda.operator.status.pods import PodIssue, pods_issue
@@ -78,6 +78,8 @@ class Observed:
     restarts: Obj | None = None  # the restart schedule's status (restarts.py)
     adapters: Obj = field(default_factory=dict)  # `adapters`, `adaptersReady` from the adapter sync
     profile: Obj | None = None  # the capacity profile against spec.slo (profile.py)
+    rollout_queued: str | None = None  # why the pod template waits for the fleet's rollout budget
+    template_inputs: str | None = None  # reconcile/rollouts.py inputs_hash; None: not computed (kept)
     # The Nodes the pods run on, slim (nodes.py), by name; a name missing: no such Node; None: not known.
     nodes: dict[str, Obj] | None = None
     kept: frozenset[str] = frozenset()
@@ -111,6 +113,8 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
     metrics = metrics_condition(observed.scaled_object, observed.hpa, parse_time(now))
     if metrics is not None:
         conditions.append(Verdict(METRICS_UNAVAILABLE, *metrics))
+    if observed.rollout_queued is not None:
+        conditions.append(Verdict(ROLLOUT_QUEUED, True, "WaitingForRolloutSlot", observed.rollout_queued))
     status: Obj = {
         "observedGeneration": generation,
         "conditions": [to_dict(c, previous.get(c.type), generation, now) for c in conditions],
@@ -119,6 +123,9 @@ def compute_status(owner: Obj, observed: Observed, *, selector: str, now: str) -
         "readySummary": f"{int(st.get('readyReplicas') or 0)}/{want}",
         "selector": selector,
     }
+    inputs = observed.template_inputs or previous_status.get("podTemplateInputs")
+    if inputs:
+        status["podTemplateInputs"] = inputs
     if observed.url:
         status["url"] = observed.url
     if observed.hpa is not None and observed.scaled_object is not None:

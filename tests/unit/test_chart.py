@@ -244,6 +244,7 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
         "--allow-from-namespace=pagoda-system",  # the operator's calls to the runtime pods
         "--allow-from-namespace=monitoring",  # Prometheus's scrapes (networkPolicy.allowFromNamespaces)
         "--picker-cluster-role=pagoda-endpoint-picker",  # spec.routing's pickers (templates/rbac.yaml)
+        "--max-concurrent-rollouts=1",  # an upgrade's template changes roll one service at a time (rollouts)
     ]
     # Requests (a BestEffort operator starves on a busy node and misses its liveness probe), no limits.
     assert container["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
@@ -372,6 +373,7 @@ def test_monitoring_scenario_objects() -> None:
         ("imagePullSecrets[0].name=Reg_Cred", "imagePullSecrets"),  # not a Secret name
         ("imagePullSecrets[0]=regcred", "imagePullSecrets"),  # a list of {name}, as in a pod
         ("imagePullSecrets[0].secret=regcred", "imagePullSecrets"),
+        ("rollouts.maxConcurrent=0", "maxConcurrent"),  # a budget of none would never roll an upgrade
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(setting: str, field: str) -> None:

@@ -10,10 +10,16 @@ import pytest
 
 from pagoda.contract import TUNE_MAX_RUNS
 from pagoda.operator.api import InferenceServiceSpec
-from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children, selector
+from pagoda.operator.resources import ChildInputs, OperatorSettings, desired_children, profile, selector
 from pagoda.operator.resources.deployment import deployment
 from pagoda.operator.resources.meta import OWNER_LABEL
-from pagoda.operator.resources.profile import MAX_NAME, profile_args, profile_job, with_engine_choice
+from pagoda.operator.resources.profile import (
+    MAX_NAME,
+    PROFILE_INPUTS_ANNOTATION,
+    profile_args,
+    profile_job,
+    with_engine_choice,
+)
 
 SLO = {"ttftMs": 500, "interTokenMs": 50.5, "request": {"promptTokens": 64, "outputTokens": 16}}
 
@@ -104,6 +110,46 @@ def test_what_it_measures_changes_its_name(llama_spec: dict[str, Any], change: d
     before = job_of(spec_with(llama_spec))["metadata"]["name"]
     after = job_of(spec_with(llama_spec, **change))["metadata"]["name"]
     assert before != after and before.startswith("llm-profile-") and after.startswith("llm-profile-")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"autoscaling": {"minReplicas": 1, "maxReplicas": 7}},
+        {"monitoring": {"serviceMonitor": {"enabled": True}}},
+        {"disruption": {"maxUnavailable": 0}},
+        {"rollout": {"maxSurge": 0, "maxUnavailable": 1}},
+    ],
+)
+def test_what_it_does_not_measure_keeps_its_name(llama_spec: dict[str, Any], change: dict[str, Any]) -> None:
+    """A profile measures one replica: the fleet's shape is not in its digest."""
+    assert (
+        job_of(spec_with(llama_spec))["metadata"]["name"]
+        == job_of(spec_with(llama_spec, **change))["metadata"]["name"]
+    )
+
+
+def test_an_operator_template_change_keeps_its_name(
+    llama_spec: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upgrade that changes the operator's pod template (here: a new annotation and a probe period, as
+    a release may) names the same Job, so no profile runs again; the Job carries its digest."""
+    spec = spec_with(llama_spec)
+    before = job_of(spec)
+    original = profile.pod_template
+
+    def newer(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        template = original(*args, **kwargs)
+        template["metadata"].setdefault("annotations", {})["pagoda.dev/new-default"] = "1"
+        template["spec"]["terminationGracePeriodSeconds"] = 77
+        return template
+
+    monkeypatch.setattr(profile, "pod_template", newer)
+    after = job_of(spec)
+    assert after["spec"]["template"] != before["spec"]["template"]  # the template did change
+    assert after["metadata"]["name"] == before["metadata"]["name"]
+    digest = before["metadata"]["name"].rsplit("-", 1)[1]
+    assert before["metadata"]["annotations"] == {PROFILE_INPUTS_ANNOTATION: digest}
 
 
 def test_a_request_annotation_asks_for_a_new_profile(llama_spec: dict[str, Any]) -> None:
