@@ -104,7 +104,11 @@ def second_node(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[re
     began = time.monotonic()
     prepull = getattr(request.module, "SECOND_NODE_PREPULL", None)
     node = cluster.add_node(timeout=SECOND_NODE_TIMEOUT, prepull=prepull)
-    print(f"\nStarted {node.name} at {node.network.address} in {time.monotonic() - began:.1f}s.")
+    # Node 1's containerd keeps its own copy of each image (the runtime's: about 7 GB packed, more unpacked);
+    # a disk that fills up makes a kubelet taint its node disk-pressure, and the scheduler then skips it.
+    free = shutil.disk_usage(cluster.workdir).free / 2**30
+    took = time.monotonic() - began
+    print(f"\nStarted {node.name} at {node.network.address} in {took:.1f}s ({free:.0f} GiB free on disk).")
     try:
         yield node
     finally:

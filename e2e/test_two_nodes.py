@@ -18,6 +18,9 @@ node 0's one kube-proxy, CoreDNS and NetworkPolicy agent (e2e/lab/realnode.py). 
    notices (its 50 s grace period), the status says `NodeLost`, the replacement starts on node 0 after the
    pods' unreachable toleration (30 s here), the only failed requests are those that were sent to node 1
    before its replica left the endpoints, and the operator's standby applies a spec change made meanwhile;
+   the service is routed (spec.routing) and its endpoint picker's leader ran on node 1 too: clients through
+   the gateway (e2e/lab/gateway.py) are served again once the standby on node 0 has taken the picker's
+   Lease, and the requests they lost are counted;
 7. removing node 1 (lost) leaves nothing of it on the machine (`realnode.leftovers`), while node 0's pod
    serves on, and the guard tables never had to drop a packet (nothing tried to leave the machine).
 The pods of 2 and 3 run the operator's image (it has Python) as a small HTTP server answering its own pod
@@ -42,20 +45,25 @@ import pytest
 from e2e.lab import _objects, images, realnode
 from e2e.lab.chartenv import ChartOperator, condition, kubectl_json
 from e2e.lab.cluster import Cluster
+from e2e.lab.gateway import start_gateway
 from e2e.lab.observability import Load
 from e2e.lab.processes import wait_until
 from e2e.lab.realpods import (
     apply,
+    is_ready,
     isvc,
     patch_spec,
     pods,
+    pods_matching,
     ready_pods,
     service_url,
     wait_condition,
     wait_ready_replicas,
 )
 from e2e.lab.samples import tiny_sample
+from e2e.lab.stack import Stack
 from pagoda.operator.resources.meta import OWNER_LABEL
+from pagoda.operator.resources.routing import picker_selector
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]  # the drain's engines start slowly on two cores
 
@@ -320,13 +328,20 @@ ENGINE_TIMEOUT = 900.0  # node 1's pull of the runtime image (if not done yet), 
 
 
 @pytest.fixture(scope="module")
-def spread(cluster: Cluster, operator: ChartOperator, second_node: realnode.RealNode) -> Iterator[str]:
-    """The namespace of a Ready two-replica `tiny` service (the chart's operator); yields its name."""
+def spread(
+    cluster: Cluster, stack: Stack, operator: ChartOperator, second_node: realnode.RealNode
+) -> Iterator[str]:
+    """The namespace of a Ready two-replica `tiny` service (the chart's operator), routed through an endpoint
+    picker (a leader and a standby, one per node by the picker's anti-affinity; the stack installs the
+    InferencePool CRD); yields its name."""
+    del stack
     namespace = f"two-nodes-drain-{uuid.uuid4().hex[:6]}"
     cluster.kubectl("create", "namespace", namespace)
     sample = tiny_sample(namespace, SERVICE, real_pods=True)
     sample["spec"]["replicas"] = REPLICAS
     sample["spec"]["runtime"]["startupTimeoutSeconds"] = 900  # engines start slowly on two shared cores
+    # The picker: a small request (the default is a whole core; each node has two).
+    sample["spec"]["routing"] = {"endpointPicker": {"queueTimeoutSeconds": 300, "cpu": "250m"}}
     # A lost node's replica is replaced after UNREACHABLE_TOLERATION_S instead of Kubernetes' 300 s.
     sample["spec"].setdefault("scheduling", {})["tolerations"] = [
         {
@@ -344,6 +359,23 @@ def spread(cluster: Cluster, operator: ChartOperator, second_node: realnode.Real
         yield namespace
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def _node_troubles(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """Each node's taints and its conditions other than Ready that hold (DiskPressure, ...): why the
+    scheduler may have placed nothing on it."""
+    nodes = kubectl_json(cluster, "get", "nodes", "-l", "type!=kwok")["items"]
+    return {
+        n["metadata"]["name"]: {
+            "taints": [t["key"] for t in n["spec"].get("taints", [])],
+            "conditions": [
+                c["type"]
+                for c in n["status"].get("conditions", [])
+                if c["type"] != "Ready" and c["status"] == "True"
+            ],
+        }
+        for n in nodes
+    }
 
 
 def _eviction(cluster: Cluster, namespace: str, pod: str, dry_run: bool = True) -> int:
@@ -382,7 +414,11 @@ def test_drain_moves_a_replica_to_node_0_under_load_with_no_failed_request(
     throughout."""
     running = ready_pods(cluster, spread, SERVICE)
     by_node = {p["spec"]["nodeName"]: p for p in running}
-    assert sorted(by_node) == sorted([realnode.NODE_NAME, second_node.name]), sorted(by_node)
+    # The spread is a preference: a node tainted meanwhile (disk-pressure, on a full disk) gets none.
+    assert sorted(by_node) == sorted([realnode.NODE_NAME, second_node.name]), (
+        sorted(by_node),
+        _node_troubles(cluster),
+    )
     victim, survivor = by_node[second_node.name], by_node[realnode.NODE_NAME]
     assert _eviction(cluster, spread, survivor["metadata"]["name"]) == 201  # both Ready: one may go
 
@@ -508,6 +544,7 @@ def test_drain_of_a_single_replica_is_the_outage_the_status_announced(
 
 UNREACHABLE_TOLERATION_S = 30  # the drained service's toleration of a lost node (Kubernetes' default: 300 s)
 LOSS_CLIENTS = 4  # each keeps its connection, so to one replica, until a request on it fails
+ROUTED_CLIENTS = 2  # through the gateway, whose picker's leader is lost with node 1
 KUBE_PROXY_SLACK_S = 3.0  # from an endpoint's change in the API server to kube-proxy's rules
 
 
@@ -547,12 +584,37 @@ def _one_replica_per_node(cluster: Cluster, namespace: str, node_1: str) -> None
         cluster.kubectl("uncordon", realnode.NODE_NAME, check=False)
 
 
+def _hand_over(
+    cluster: Cluster,
+    namespace: str,
+    leader: str,
+    node: str,
+    other: str,
+    led: Callable[[], bool],
+    replaced: Callable[[], bool],
+) -> None:
+    """Deletes the leader's pod `leader` while both nodes are cordoned, so that only the standby waiting on
+    `node` can take the Lease (a replacement started at once raced it for the Lease, and won, in two runs);
+    once `led()` (the standby on `node` leads), lets the replacement, Pending meanwhile, go to `other` and
+    waits for `replaced()`."""
+    for name in (node, other):
+        cluster.kubectl("cordon", name)
+    try:
+        cluster.kubectl("delete", "pod", leader, "-n", namespace, "--wait=true")
+        wait_until(led, f"the standby on {node} to lead", timeout=120)
+        cluster.kubectl("uncordon", other)
+        wait_until(replaced, f"the replacement on {other}", timeout=120)
+    finally:
+        for name in (node, other):
+            cluster.kubectl("uncordon", name, check=False)
+
+
 def _operator_leader_on(operator: ChartOperator, node: str, other: str) -> dict[str, Any]:
     """Makes the chart's operator replica on `node` the leader, and the standby the one on `other`. The
     chart's anti-affinity is a preference, which the scheduler may outweigh, so each move cordons the node a
     replacement must not go to: the standby is replaced onto `other` if it is not there, and a leader not on
-    `node` is replaced onto `other` too once a standby waits on `node` (the deleted leader releases the Lease
-    as it stops, and the standby takes it). Returns the leader's pod."""
+    `node` hands over to a standby waiting on `node` (`_hand_over`: its replacement goes to `other` once the
+    standby leads). Returns the leader's pod."""
     cluster = operator.cluster
 
     def replace(pod: dict[str, Any], avoid: str) -> None:
@@ -572,11 +634,95 @@ def _operator_leader_on(operator: ChartOperator, node: str, other: str) -> dict[
     if operator.pod()["spec"]["nodeName"] != node:
         if standby()["spec"]["nodeName"] != node:
             replace(standby(), avoid=other)  # a standby on `node`, to take over there
-        replace(operator.pod(), avoid=node)  # the leader goes; its replacement waits on `other`
+        old = operator.pod()
+        _hand_over(
+            cluster,
+            operator.namespace,
+            old["metadata"]["name"],
+            node,
+            other,
+            led=lambda: (
+                (new := operator.leader()) is not None
+                and new["metadata"]["uid"] != old["metadata"]["uid"]
+                and new["spec"]["nodeName"] == node
+            ),
+            replaced=lambda: any(p["spec"].get("nodeName") == other for p in operator.pods()),
+        )
+        operator.wait_ready()
     if standby()["spec"]["nodeName"] != other:
         replace(standby(), avoid=node)
     found = operator.pod()
     assert found["spec"]["nodeName"] == node and standby()["spec"]["nodeName"] == other, operator.pods()
+    return found
+
+
+def _pickers(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    """The service's endpoint picker pods that are not being deleted."""
+    selector = ",".join(f"{k}={v}" for k, v in picker_selector(SERVICE).items())
+    return pods_matching(cluster, namespace, selector)
+
+
+def _picker_leader(cluster: Cluster, namespace: str) -> dict[str, Any] | None:
+    """The picker's leader: its one Ready pod (a standby is not Ready), None while none is."""
+    ready = [p for p in _pickers(cluster, namespace) if is_ready(p)]
+    return ready[0] if len(ready) == 1 else None
+
+
+def _picker_leader_on(cluster: Cluster, namespace: str, node: str, other: str) -> dict[str, Any]:
+    """Makes the picker replica on `node` the leader and the standby the one on `other`, as
+    _operator_leader_on does for the operator (cordons keep each replacement off the node it must not go
+    to; the hand-over is `_hand_over`'s). Returns the leader's pod."""
+
+    def leader() -> dict[str, Any]:
+        return wait_until(lambda: _picker_leader(cluster, namespace), "a Ready picker", timeout=120)
+
+    def standby() -> dict[str, Any]:
+        leading = leader()["metadata"]["uid"]
+        waiting = wait_until(
+            lambda: [p for p in _pickers(cluster, namespace) if p["metadata"]["uid"] != leading],
+            "the picker's standby",
+            timeout=120,
+        )
+        return waiting[0]
+
+    def replace(pod: dict[str, Any], avoid: str) -> None:
+        cluster.kubectl("cordon", avoid)
+        try:
+            cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=true")
+            wait_until(
+                lambda: (
+                    [bool(p["spec"].get("nodeName")) for p in _pickers(cluster, namespace)] == [True, True]
+                ),
+                "two pickers on nodes",
+                timeout=120,
+            )
+            leader()
+        finally:
+            cluster.kubectl("uncordon", avoid, check=False)
+
+    if leader()["spec"]["nodeName"] != node:
+        if standby()["spec"]["nodeName"] != node:
+            replace(standby(), avoid=other)
+        old = leader()
+        _hand_over(
+            cluster,
+            namespace,
+            old["metadata"]["name"],
+            node,
+            other,
+            led=lambda: (
+                (new := _picker_leader(cluster, namespace)) is not None
+                and new["metadata"]["uid"] != old["metadata"]["uid"]
+                and new["spec"]["nodeName"] == node
+            ),
+            replaced=lambda: any(p["spec"].get("nodeName") == other for p in _pickers(cluster, namespace)),
+        )
+    if standby()["spec"]["nodeName"] != other:
+        replace(standby(), avoid=node)
+    found = leader()
+    assert found["spec"]["nodeName"] == node and standby()["spec"]["nodeName"] == other, _pickers(
+        cluster, namespace
+    )
     return found
 
 
@@ -616,21 +762,35 @@ def test_a_node_lost_under_load_fails_only_the_requests_sent_to_it(
     node 1, or on a connection to it): none sent after that fails.
     The operator's leader ran on node 1 too: its standby on node 0 takes the Lease over once the dead
     leader's runs out and applies a spec change made right after the loss (spec.disruption, which only the
-    PodDisruptionBudget carries), with the status current for it."""
+    PodDisruptionBudget carries), with the status current for it.
+    So did the endpoint picker's leader: 2 clients through the gateway (Envoy, its ext_proc stream to the
+    picker's Service) are served again once the picker's standby on node 0 has taken its Lease and turned
+    Ready; what they lost meanwhile is counted and reported."""
     node_1 = second_node.name
     _one_replica_per_node(cluster, spread, node_1)
     leader = _operator_leader_on(operator, node_1, realnode.NODE_NAME)
+    picker = _picker_leader_on(cluster, spread, node_1, realnode.NODE_NAME)
     assert _pdb_max_unavailable(cluster, spread) != 0
     by_node = {p["spec"]["nodeName"]: p for p in ready_pods(cluster, spread, SERVICE)}
     lost_ip = by_node[node_1]["status"]["podIP"]
     wait_until(
         lambda: lost_ip in _ready_addresses(cluster, spread), "node 1's replica in the endpoints", timeout=30
     )
+    gateway = start_gateway(cluster, SERVICE, spread)
     load = Load(
         service_url(cluster, spread, SERVICE), SERVICE, clients=LOSS_CLIENTS, pause=0.25, max_seconds=900
     ).start()
+    routed = Load(gateway.url, SERVICE, clients=ROUTED_CLIENTS, pause=0.25, max_seconds=900).start()
+
+    def picker_took() -> bool:
+        """Another picker is Ready: the standby leads. (The lost leader's pod stays Ready in the API until
+        the control plane gives up on its node, so "the one Ready picker" would time that instead.)"""
+        lost_uid = picker["metadata"]["uid"]
+        return any(is_ready(p) and p["metadata"]["uid"] != lost_uid for p in _pickers(cluster, spread))
+
     try:
         wait_until(lambda: load.completed >= 8, "requests to complete under load", timeout=120)
+        wait_until(lambda: routed.completed >= 4, "requests to complete through the gateway", timeout=120)
         lost_at = time.monotonic()
         cluster.lose_node(node_1)
         patch_spec(cluster, spread, SERVICE, {"disruption": {"maxUnavailable": 0}})
@@ -640,10 +800,14 @@ def test_a_node_lost_under_load_fails_only_the_requests_sent_to_it(
                 "took": lambda: (operator.leader() or leader)["metadata"]["uid"] != leader["metadata"]["uid"],
                 "applied": lambda: _pdb_max_unavailable(cluster, spread) == 0,
                 "left": lambda: lost_ip not in _ready_addresses(cluster, spread),
+                "picker": picker_took,
             },
             timeout=180,
         )
         took_at, applied_at, left_at = seen["took"], seen["applied"], seen["left"]
+        picker_at = seen["picker"]
+        new_picker = _picker_leader(cluster, spread)
+        assert new_picker is not None and new_picker["spec"]["nodeName"] == realnode.NODE_NAME, new_picker
         node = kubectl_json(cluster, "get", "node", node_1)
         assert condition(node, "Ready").get("status") == "Unknown", condition(node, "Ready")
         wait_until(
@@ -659,10 +823,28 @@ def test_a_node_lost_under_load_fails_only_the_requests_sent_to_it(
         wait_until(lambda: _status_current(cluster, spread), "the status of the spec change", timeout=60)
         now = ready_pods(cluster, spread, SERVICE)
         assert [p["spec"]["nodeName"] for p in now] == [realnode.NODE_NAME] * REPLICAS, now
-        done = load.completed
+        done, routed_done = load.completed, routed.completed
         wait_until(lambda: load.completed >= done + 8, "requests after the replacement", timeout=120)
+        wait_until(
+            lambda: routed.completed >= routed_done + 4, "requests through the gateway after it", timeout=180
+        )
     finally:
         load.stop()
+        routed.stop()
+        gateway.stop()
+    routed_records = list(routed.records)
+    routed_failed = [r for r in routed_records if r.failure is not None]
+    print(
+        f"\npicker's leader lost with {node_1}: the standby on {realnode.NODE_NAME} led after "
+        f"{picker_at - lost_at:.1f}s; through the gateway sent={len(routed_records)} "
+        f"failed={len(routed_failed)}: {[(round(r.started - lost_at, 1), r.failure) for r in routed_failed]}"
+    )
+    # Served again through the gateway after the hand-over (the waits above), and nothing failed once the
+    # standby led and the lost replica had left the endpoints.
+    after = max(picker_at, left_at) + KUBE_PROXY_SLACK_S
+    assert not [r for r in routed_failed if r.started > after], [
+        (round(r.started - lost_at, 1), r.failure) for r in routed_failed
+    ]
     records = list(load.records)
     failed = [r for r in records if r.failure is not None]
     served = [r for r in records if r.failure is None and r.started >= lost_at and r.ended <= recovered_at]

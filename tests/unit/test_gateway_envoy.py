@@ -71,7 +71,18 @@ def test_the_values_land_where_they_belong(fail_open: bool) -> None:
     # Every request waiting through a hand-over may retry at once (Envoy's default: 3 retries at a time).
     clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
     assert clusters["ext_proc"]["circuit_breakers"]["thresholds"][0]["max_retries"] >= 10_000
-    clusters = {c["name"]: c for c in bootstrap["static_resources"]["clusters"]}
+    # A connection to a picker whose node died is ended by the kernel within seconds (TCP keepalive, and
+    # TCP_USER_TIMEOUT: IPPROTO_TCP 6, option 18), not by HTTP/2 PINGs, which the picker's grpc-go server
+    # answers with GOAWAY `too_many_pings` while it holds a queued request.
+    picker_cluster = clusters["ext_proc"]
+    keepalive = picker_cluster["upstream_connection_options"]["tcp_keepalive"]
+    assert keepalive["keepalive_time"] + keepalive["keepalive_interval"] * keepalive["keepalive_probes"] <= 5
+    [user_timeout] = picker_cluster["upstream_bind_config"]["socket_options"]
+    assert (user_timeout["level"], user_timeout["name"], user_timeout["int_value"]) == (6, 18, 5000)
+    http2 = picker_cluster["typed_extension_protocol_options"][
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+    ]
+    assert "connection_keepalive" not in http2["explicit_http_config"]["http2_protocol_options"]
     assert list(clusters) == ["original_destination", "ext_proc", HEALTH_CLUSTER]
 
     def addresses(cluster: dict[str, Any]) -> list[tuple[str, int]]:
