@@ -146,9 +146,12 @@ class Turn:
 class FleetRollouts:
     """The budget of fleet rollouts at once, shared by every pass of the operator (thread-safe). Services ask
     in the order they first asked (then by name); a grant holds a slot until the service's Deployment shows
-    its rollout (then `rolling` counts it) or GRANT_TTL_S passes."""
+    its rollout (then `rolling` counts it) or GRANT_TTL_S passes. A waiting service asks again at each of its
+    passes (every QUEUED_RECHECK_S); one that has not asked for STALE_S (deleted, or its pass no longer
+    runs) leaves the queue, so that it never holds up those behind it."""
 
     GRANT_TTL_S = 60.0
+    STALE_S = 60.0
 
     def __init__(
         self, max_concurrent: int = DEFAULT_MAX_CONCURRENT, clock: Callable[[], float] = time.monotonic
@@ -160,6 +163,7 @@ class FleetRollouts:
         self._lock = threading.Lock()
         self._queue: dict[Key, float] = {}  # service -> when it first asked
         self._granted: dict[Key, float] = {}  # service -> when it was granted
+        self._asked: dict[Key, float] = {}  # waiting service -> when it last asked
 
     def ask(self, key: Key, rolling: set[Key]) -> Turn:
         """`key` would roll for the fleet; `rolling`: the services whose Deployments are rolling for it."""
@@ -171,11 +175,16 @@ class FleetRollouts:
             if key in self._granted:  # granted, its write not seen yet
                 return Turn(True, rolling=len(rolling | set(self._granted)), limit=self.limit)
             self._queue.setdefault(key, now)
+            self._asked[key] = now
+            for gone in [k for k, t in self._asked.items() if now - t > self.STALE_S]:
+                self._queue.pop(gone, None)
+                self._asked.pop(gone, None)
             taken = (rolling | set(self._granted)) - {key}
             order = sorted(self._queue, key=lambda k: (self._queue[k], k))
             position = order.index(key)
             if len(taken) + position < self.limit:
                 del self._queue[key]
+                del self._asked[key]
                 self._granted[key] = now
                 metrics.ROLLOUTS_QUEUED.set(len(self._queue))
                 return Turn(True, rolling=len(taken) + 1, limit=self.limit)
@@ -191,6 +200,7 @@ class FleetRollouts:
         """`key` no longer waits (its template became its own change, or it is gone)."""
         with self._lock:
             self._queue.pop(key, None)
+            self._asked.pop(key, None)
             metrics.ROLLOUTS_QUEUED.set(len(self._queue))
 
     def queued(self) -> list[Key]:
@@ -222,8 +232,10 @@ def budget_template(
     change = classify(manifest, live, owner, inputs)
     if change is Change.NONE:
         carry_grant(manifest, live)
-        if budget is not None and live is not None and not rolling(live):
-            budget.finished(key)
+        if budget is not None:
+            budget.forget(key)  # not waiting (any more: e.g. the operator's change was undone)
+            if live is not None and not rolling(live):
+                budget.finished(key)
         return None
     if budget is None:
         return None

@@ -226,6 +226,21 @@ def test_the_budget_grants_in_the_order_asked_and_never_beyond_its_limit() -> No
         FleetRollouts(0)
 
 
+def test_a_service_that_stops_asking_leaves_the_queue() -> None:
+    """A queued service that is deleted never asks again: after STALE_S it holds up no one behind it."""
+    clock = [0.0]
+    budget = FleetRollouts(1, clock=lambda: clock[0])
+    busy = {("ns", "x")}
+    first, second = ("ns", "deleted"), ("ns", "waiting")
+    assert not budget.ask(first, busy).granted
+    assert budget.ask(second, busy).position == 2
+    clock[0] = 30.0
+    assert not budget.ask(second, set()).granted  # x done; `deleted` is first in line, asked 30 s ago
+    clock[0] = 61.0
+    assert budget.ask(second, set()).granted
+    assert budget.queued() == []
+
+
 # --- passes ----------------------------------------------------------------------------------------------
 
 
