@@ -236,9 +236,6 @@ def release(prefix: str, version: str, helm: Path, workdir: Path, plain_http: bo
     the chart's version and appVersion must equal `version` (its default image tag is the appVersion, so
     the chart installs what this release pushed), and docs/install.md must have its upgrade notes
     (`missing_upgrade_notes`). Returns target -> digest."""
-    missing_notes = missing_upgrade_notes(version)
-    if missing_notes is not None:
-        raise RegistryError(missing_notes)
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     for key in ("version", "appVersion"):
         if str(chart[key]) != version:
@@ -246,6 +243,9 @@ def release(prefix: str, version: str, helm: Path, workdir: Path, plain_http: bo
                 f"VERSION={version} but charts/pagoda/Chart.yaml has {key}: {chart[key]}; set both to the "
                 "release's version first (the chart's default image tag is its appVersion)."
             )
+    missing_notes = missing_upgrade_notes(version)
+    if missing_notes is not None:
+        raise RegistryError(missing_notes)
     missing = set(RELEASED_IMAGES) - {str(i["name"]) for i in images()}
     if missing:
         raise RegistryError(f"Not built: {sorted(missing)}; run `make images`.")
