@@ -36,7 +36,7 @@ from pagoda.operator.kube.workqueue import Outcome
 from pagoda.operator.reconcile import events, restarts
 from pagoda.operator.reconcile.apply import change_children
 from pagoda.operator.reconcile.chattemplate import read_chat_template
-from pagoda.operator.reconcile.desired import child_inputs, desired_state, start_at_min_replicas
+from pagoda.operator.reconcile.desired import child_inputs, owned_children, start_at_min_replicas
 from pagoda.operator.reconcile.observe import check_secrets, observe, read_children, read_owner
 from pagoda.operator.reconcile.problems import invalid_spec
 from pagoda.operator.reconcile.profile import keep_measured_job
@@ -112,16 +112,15 @@ def _reconcile(
     live, pods = read_children(kube, cache, namespace, name)
     schedule = spec.restart_schedule if spec is not None else None
     restart = restarts.plan(schedule, live.get(("Deployment", name)), now())
-    desired = desired_state(owner, spec, settings, restart, chat_template) if spec is not None else None
+    inputs = child_inputs(owner, settings, restart, chat_template) if spec is not None else None
+    desired = owned_children(owner, spec, inputs) if spec is not None and inputs is not None else None
     hpa = live.pop((HPA_KIND[1], hpa_name(name)), None)
     if desired is not None and spec is not None:
         start_at_min_replicas(desired, spec, live.get(("Deployment", name)))
     p = Pass(kube, cache, owner, namespace, name, now, live, pods, problems, hpa, capacity)
     try:
-        if desired is not None:
-            p.template_inputs = inputs_hash(
-                owner.get("spec") or {}, child_inputs(owner, settings, restart, chat_template)
-            )
+        if desired is not None and inputs is not None:
+            p.template_inputs = inputs_hash(owner.get("spec") or {}, inputs)
             p.rollout = budget_template(
                 desired,
                 live.get(("Deployment", name)),

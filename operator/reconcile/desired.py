@@ -32,8 +32,12 @@ def desired_state(
     was validated), and propagates: the work queue logs it with its traceback and retries with back-off.
     `restart`: the restart plan, whose times the Deployment carries (restarts.py); `chat_template`: the
     template read from spec.engine.chatTemplate.configMap (chattemplate.py)."""
+    return owned_children(owner, spec, child_inputs(owner, settings, restart, chat_template))
+
+
+def owned_children(owner: Obj, spec: InferenceServiceSpec, inputs: ChildInputs) -> list[Obj]:
+    """desired_state from the pass's `inputs` (child_inputs), for a pass that reads them itself too."""
     meta = owner["metadata"]
-    inputs = child_inputs(owner, settings, restart, chat_template)
     children = desired_children(meta["name"], meta["namespace"], spec, inputs)
     return [with_owner(manifest, owner) for manifest in children]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pagoda.operator.kube.client import Kube
+from pagoda.operator.reconcile.rollouts import applied_before_the_hash
 from pagoda.operator.resources.meta import CONTAINER_NAME
 from pagoda.operator.resources.profile import PROFILE_INPUTS_ANNOTATION
 from pagoda.operator.status import profile
@@ -54,10 +55,7 @@ def keep_measured_job(desired: list[Obj], live: dict[tuple[str, str], Obj], owne
     if ("Job", want["metadata"]["name"]) in live:
         return
     digest = want["metadata"]["annotations"][PROFILE_INPUTS_ANNOTATION]
-    status = owner.get("status") or {}
-    before_digests = "podTemplateInputs" not in status and status.get("observedGeneration") == owner[
-        "metadata"
-    ].get("generation")
+    before_digests = applied_before_the_hash(owner)
     for (kind, _), job in sorted(live.items()):
         if kind != "Job":
             continue

@@ -25,7 +25,6 @@ Deployment is budgeted (its pods hold GPUs); the endpoint picker's roll at once.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import threading
 import time
@@ -37,6 +36,8 @@ from typing import Any
 from pagoda.operator import metrics
 from pagoda.operator.reconcile.compare import differences, stale_fields
 from pagoda.operator.resources import ChildInputs
+from pagoda.operator.resources.meta import content_hash
+from pagoda.operator.status.report import desired_replicas
 
 Obj = dict[str, Any]
 Key = tuple[str, str]  # (namespace, name) of an InferenceService
@@ -62,8 +63,9 @@ def inputs_hash(spec: Obj, inputs: ChildInputs) -> str:
         if f.name not in ("settings", "typical_start")
     }
     own["stamps"] = dataclasses.asdict(inputs.stamps)
-    text = json.dumps({"spec": spec, "inputs": own}, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return content_hash(
+        json.dumps({"spec": spec, "inputs": own}, sort_keys=True, separators=(",", ":"), default=str)
+    )
 
 
 def template_changed(desired: Obj, live: Obj) -> bool:
@@ -81,19 +83,25 @@ def classify(desired: Obj, live: Obj | None, owner: Obj, inputs: str) -> Change:
     `owner`: the InferenceService as the pass read it (its status says the last pass's hash)."""
     if live is None or not template_changed(desired, live):
         return Change.NONE
-    status = owner.get("status") or {}
-    was = status.get("podTemplateInputs")
+    was = (owner.get("status") or {}).get("podTemplateInputs")
     if was is None:  # the status of an operator before the hash
-        applied = status.get("observedGeneration") == owner["metadata"].get("generation")
-        return Change.FLEET if applied else Change.OWN
+        return Change.FLEET if applied_before_the_hash(owner) else Change.OWN
     return Change.FLEET if was == inputs else Change.OWN
+
+
+def applied_before_the_hash(owner: Obj) -> bool:
+    """Whether `owner`'s status is an operator's from before status.podTemplateInputs (0.1.0) that saw its
+    current spec: no hash, and its observedGeneration is the generation."""
+    status = owner.get("status") or {}
+    return "podTemplateInputs" not in status and status.get("observedGeneration") == owner["metadata"].get(
+        "generation"
+    )
 
 
 def hold(desired: Obj, live: Obj) -> None:
     """Keeps `live`'s pod template in `desired`, and the mark of the fleet rollout that made it (all else
     is applied)."""
     desired["spec"]["template"] = live["spec"]["template"]
-    desired["metadata"].get("annotations", {}).pop(FLEET_ROLLOUT_ANNOTATION, None)
     carry_grant(desired, live)
 
 
@@ -115,7 +123,7 @@ def rolling(deployment: Obj) -> bool:
             return False
     if int(status.get("observedGeneration") or 0) < int(deployment["metadata"].get("generation") or 0):
         return True
-    want = int(deployment.get("spec", {}).get("replicas", 1))
+    want = desired_replicas(deployment)
     updated = int(status.get("updatedReplicas") or 0)
     return updated < want or int(status.get("replicas") or 0) > updated
 
