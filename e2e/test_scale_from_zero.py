@@ -379,7 +379,10 @@ def test_a_service_at_zero_gets_one_replica_while_prometheus_hangs_and_goes_back
                 if blind_after is None and now.blind.get("status") == "True":
                     blind_after = now.t
                     assert now.blind["reason"] == "KedaFallback", now.blind
-                    assert "in-flight" in now.blind["message"], now.blind
+                    # It names the triggers past the threshold when it flipped: both fail, but KEDA counts
+                    # each trigger's failures on its own, so either may cross first (CI, stop 49).
+                    named = [t for t in ("in-flight", "picker-queue") if f" {t}" in now.blind["message"]]
+                    assert named, now.blind
                 time.sleep(1.0)
             # ...and holds it while the hang lasts.
             held = time.monotonic()
