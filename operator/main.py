@@ -38,6 +38,7 @@ from pagoda.operator.kube.podcalls import PodTrust
 from pagoda.operator.kube.workqueue import Outcome, WorkQueue, work
 from pagoda.operator.reconcile import apply
 from pagoda.operator.reconcile.core import reconcile
+from pagoda.operator.reconcile.profile import DEFAULT_MAX_CONCURRENT_PROFILES, ProfileBudget
 from pagoda.operator.reconcile.rollouts import DEFAULT_MAX_CONCURRENT, FleetRollouts
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE, OperatorSettings
 from pagoda.operator.status.nodes import NODE_KIND
@@ -118,6 +119,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "defaults), not their own spec: the others keep their pods and wait, with the status condition "
         "RolloutQueued (reconcile/rollouts.py); at least 1",
     )
+    parser.add_argument(
+        "--max-concurrent-profiles",
+        type=int,
+        default=DEFAULT_MAX_CONCURRENT_PROFILES,
+        metavar="N",
+        help="how many capacity profile Jobs (spec.slo) may run at once across the cluster: a new one waits, "
+        "its status.profile Queued (reconcile/profile.py); at least 1",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     args = parser.parse_args(argv)
     if args.leader_elect is not None:
@@ -134,6 +143,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
             parser.error(str(exc))
     if args.max_concurrent_rollouts < 1:
         parser.error(f"--max-concurrent-rollouts must be at least 1, got {args.max_concurrent_rollouts}")
+    if args.max_concurrent_profiles < 1:
+        parser.error(f"--max-concurrent-profiles must be at least 1, got {args.max_concurrent_profiles}")
     for namespace in args.allow_from_namespace:
         if not re.fullmatch(NAMESPACE_PATTERN, namespace) or len(namespace) > 63:
             parser.error(f"--allow-from-namespace: {namespace!r} is not a namespace name (a DNS label)")
@@ -319,6 +330,7 @@ async def reconcile_all(
         capacity=capacity,
         adapters=AdapterSync(keys, trust=trust),
         rollouts=FleetRollouts(args.max_concurrent_rollouts),
+        profiles=ProfileBudget(args.max_concurrent_profiles),
     )
     settings = OperatorSettings(
         default_image=args.runtime_image,

@@ -48,6 +48,11 @@ ROLLOUTS_QUEUED = Gauge(
     "InferenceServices whose pod template change of the operator's (an upgrade's) waits for the fleet's "
     "rollout budget (--max-concurrent-rollouts), as of the last pass that asked it.",
 )
+PROFILES_QUEUED = Gauge(
+    "pagoda_operator_profiles_queued",
+    "InferenceServices whose new capacity profile Job waits for the fleet's profile budget "
+    "(--max-concurrent-profiles), as of the last pass that asked it.",
+)
 
 # Results are pre-created so that a scrape shows every series at 0 from the start.
 for _result in ("applied", "unchanged", "error"):

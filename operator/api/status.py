@@ -275,7 +275,10 @@ class ProfileStatus(ApiModel):
     """The last capacity profile of one replica against spec.slo (docs/capacity.md)."""
 
     job: str = Field(max_length=63, description="The profile Job (kubectl logs job/<job> shows its run).")
-    state: Literal["Running", "Succeeded", "Failed"] = Field(description="Running, Succeeded or Failed.")
+    state: Literal["Queued", "Running", "Succeeded", "Failed"] = Field(
+        description="Queued (the Job waits for the fleet's profile budget, the chart's "
+        "profiles.maxConcurrent: not created yet, `message` says its place), Running, Succeeded or Failed."
+    )
     concurrency: int | None = Field(
         default=None,
         ge=1,
@@ -319,7 +322,9 @@ class ProfileStatus(ApiModel):
         default=None, max_length=64, description="When that Job ended (RFC 3339)."
     )
     message: str | None = Field(
-        default=None, max_length=4096, description="Why a profile failed (its termination message)."
+        default=None,
+        max_length=4096,
+        description="Why a profile failed (its termination message), or why it waits (Queued).",
     )
 
 

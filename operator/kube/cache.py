@@ -195,15 +195,16 @@ class ObjectCache:
         with self._lock:
             return dict(self._children.get((namespace, owner), {}))
 
-    def all_of_kind(self, kind: str) -> list[tuple[Key, Obj]]:
-        """Every owner's child of `kind` (its name is the owner's), with the owner's key: e.g. each
-        service's Deployment, for the fleet's rollout budget (reconcile/rollouts.py)."""
+    def all_of_kind(self, kind: str, named_as_owner: bool = True) -> list[tuple[Key, Obj]]:
+        """Every owner's children of `kind`, with the owner's key: e.g. each service's Deployment (the one
+        named as its owner), for the fleet's rollout budget (reconcile/rollouts.py), or each service's Jobs
+        (`named_as_owner` False), for the profile budget (reconcile/profile.py)."""
         with self._lock:
             return [
                 (owner, child)
                 for owner, children in self._children.items()
                 for (child_kind, child_name), child in children.items()
-                if child_kind == kind and child_name == owner[1]
+                if child_kind == kind and (child_name == owner[1] or not named_as_owner)
             ]
 
     def saw_secret(self, namespace: str, name: str) -> None:

@@ -39,12 +39,13 @@ from pagoda.operator.reconcile.chattemplate import read_chat_template
 from pagoda.operator.reconcile.desired import child_inputs, owned_children, start_at_min_replicas
 from pagoda.operator.reconcile.observe import check_secrets, observe, read_children, read_owner
 from pagoda.operator.reconcile.problems import invalid_spec
-from pagoda.operator.reconcile.profile import keep_measured_job
+from pagoda.operator.reconcile.profile import ProfileBudget, budget_profile, keep_measured_job
 from pagoda.operator.reconcile.rollouts import QUEUED_RECHECK_S, FleetRollouts, budget_template, inputs_hash
 from pagoda.operator.reconcile.state import OwnerGone, Pass
 from pagoda.operator.resources import DEFAULT_SETTINGS, OperatorSettings, selector_string
 from pagoda.operator.status.changes import first_report_wait, status_changed, status_patch
 from pagoda.operator.status.pods import next_startup_deadline
+from pagoda.operator.status.profile import PROFILE_KIND
 from pagoda.operator.status.report import Problem, compute_status
 from pagoda.operator.status.scaling import HPA_KIND, hpa_name
 from pagoda.operator.status.times import parse_time, rfc3339_now
@@ -65,17 +66,21 @@ def reconcile(
     adapters: AdapterSync | None = None,
     settings: OperatorSettings = DEFAULT_SETTINGS,
     rollouts: FleetRollouts | None = None,
+    profiles: ProfileBudget | None = None,
 ) -> Outcome:
     """One pass, counted in the operator's metrics. What it reads: see the module's docstring.
     `settings`: the runtime image, management key, trusted namespaces and picker ClusterRole the children
     are built with (resources/inputs.py); `rollouts`: the fleet's rollout budget (rollouts.py; without one,
-    as in a pass run alone, a template change of the operator's applies at once). Raises NotLeader, before
-    reading anything, when this replica may have lost the leader Lease (and at any write of the pass, should
-    it be lost meanwhile: kube.py)."""
+    as in a pass run alone, a template change of the operator's applies at once); `profiles`: the fleet's
+    budget of profile Jobs at once (profile.py; without one a new Job is created at once). Raises NotLeader,
+    before reading anything, when this replica may have lost the leader Lease (and at any write of the pass,
+    should it be lost meanwhile: kube.py)."""
     kube.check_leader(f"reconcile name={name} namespace={namespace}")
     started = time.monotonic()
     try:
-        outcome = _reconcile(kube, namespace, name, now, cache, capacity, adapters, settings, rollouts)
+        outcome = _reconcile(
+            kube, namespace, name, now, cache, capacity, adapters, settings, rollouts, profiles
+        )
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
         metrics.RECONCILE_ERRORS.labels(reason="Exception").inc()
@@ -99,6 +104,7 @@ def _reconcile(
     adapters: AdapterSync | None,
     settings: OperatorSettings,
     rollouts: FleetRollouts | None,
+    profiles: ProfileBudget | None,
 ) -> Outcome:
     owner = read_owner(kube, cache, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -133,6 +139,15 @@ def _reconcile(
             if p.rollout is not None:  # held: look again for a free slot
                 p.requeue.append(QUEUED_RECHECK_S)
             keep_measured_job(desired, live, owner)
+            p.profile_wait = budget_profile(
+                desired,
+                live,
+                owner,
+                profiles,
+                lambda: cache.all_of_kind(PROFILE_KIND, named_as_owner=False) if cache is not None else [],
+            )
+            if p.profile_wait is not None:  # held: look again for a free slot
+                p.requeue.append(QUEUED_RECHECK_S)
             check_secrets(p, desired)
             change_children(p, desired)
             restarted = restarts.announcement(restart, p.live.get(("Deployment", name)))

@@ -14,12 +14,13 @@ from pagoda.operator.api import API_VERSION, PLURAL
 from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.kube.client import Kube, KubeError
 from pagoda.operator.reconcile.problems import missing_secrets, secret_names, secret_not_found
-from pagoda.operator.reconcile.profile import profile_status
+from pagoda.operator.reconcile.profile import profile_message, profile_status
+from pagoda.operator.reconcile.rollouts import rollout_message
 from pagoda.operator.reconcile.state import ChildKey, Pass, child_key
 from pagoda.operator.resources import CHILD_KINDS, service_url
 from pagoda.operator.resources.meta import OWNER_LABEL
 from pagoda.operator.status.pods import POD_KIND
-from pagoda.operator.status.profile import PROFILE_KIND
+from pagoda.operator.status.profile import PROFILE_KIND, queued_profile
 from pagoda.operator.status.report import Observed
 from pagoda.operator.status.scaling import HPA_KIND
 
@@ -88,8 +89,13 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
     if desired is None:  # an invalid spec: the last profile, and the sizing read from it, stand
         kept.update(("profile", "sizing"))
     else:
-        job = next((p.live.get(child_key(m)) for m in desired if m["kind"] == PROFILE_KIND), None)
-        profile = profile_status(p.kube, p.namespace, job, (p.owner.get("status") or {}).get("profile"))
+        previous = (p.owner.get("status") or {}).get("profile")
+        if p.profile_wait is not None:  # a new profile waits for the fleet's profile budget
+            waiting, turn = p.profile_wait
+            profile = queued_profile(waiting, previous, profile_message(turn))
+        else:
+            job = next((p.live.get(child_key(m)) for m in desired if m["kind"] == PROFILE_KIND), None)
+            profile = profile_status(p.kube, p.namespace, job, previous)
     return Observed(
         deployment=p.live.get(("Deployment", p.name)),
         pods=p.pods,
@@ -103,7 +109,7 @@ def observe(p: Pass, desired: list[Obj] | None) -> Observed:
         restarts=p.restart.status() if p.restart is not None else None,
         adapters=p.adapters.status if p.adapters is not None else {},
         profile=profile,
-        rollout_queued=p.rollout.message() if p.rollout is not None else None,
+        rollout_queued=rollout_message(p.rollout) if p.rollout is not None else None,
         template_inputs=p.template_inputs,
         nodes=p.cache.nodes_of(p.pods) if p.cache else None,
         kept=frozenset(kept),

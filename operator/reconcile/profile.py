@@ -9,16 +9,22 @@ means for the status is status/profile.py's.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from pagoda.operator import metrics
 from pagoda.operator.kube.client import Kube
+from pagoda.operator.reconcile.budget import FleetBudget, Key, Turn
 from pagoda.operator.reconcile.rollouts import applied_before_the_hash
 from pagoda.operator.resources.meta import CONTAINER_NAME
 from pagoda.operator.resources.profile import PROFILE_INPUTS_ANNOTATION
 from pagoda.operator.status import profile
+from pagoda.operator.status.profile import PROFILE_KIND, job_outcome
 
 Obj = dict[str, Any]
 JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+DEFAULT_MAX_CONCURRENT_PROFILES = 2
 
 
 def profile_status(kube: Kube, namespace: str, job: Obj | None, previous: Obj | None) -> Obj | None:
@@ -73,3 +79,57 @@ def keep_measured_job(desired: list[Obj], live: dict[tuple[str, str], Obj], owne
                 "spec": job["spec"],
             }
             return
+
+
+class ProfileBudget(FleetBudget):
+    """The budget of profile Jobs running at once (budget.py): busy are the services with a profile Job
+    that has not ended (`running_profiles`)."""
+
+    def __init__(
+        self,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT_PROFILES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(max_concurrent, "profiles.maxConcurrent", metrics.PROFILES_QUEUED, clock)
+
+
+def running_profiles(jobs: Iterable[tuple[Key, Obj]]) -> set[Key]:
+    """The services with a profile Job that has not ended (each service's Jobs, from the cache)."""
+    return {key for key, job in jobs if job_outcome(job)[0] == "Running"}
+
+
+def profile_message(turn: Turn) -> str:
+    """status.profile's message while its Job waits."""
+    return (
+        f"waits for a slot of the fleet's profile budget, {turn.position} of {turn.queued} in the queue; "
+        f"{turn.busy} of {turn.limit} profile Jobs running in the cluster (profiles.maxConcurrent)"
+    )
+
+
+def budget_profile(
+    desired: list[Obj],
+    live: dict[tuple[str, str], Obj],
+    owner: Obj,
+    budget: ProfileBudget | None,
+    jobs: Callable[[], Iterable[tuple[Key, Obj]]],
+) -> tuple[str, Turn] | None:
+    """Puts a new profile Job (the one in `desired`, not live: keep_measured_job kept none) under the fleet's
+    profile budget: granted, it stays in `desired`; held, it is taken out and its name and Turn returned.
+    `jobs`: every service's profile Jobs (for `running_profiles`). Without a budget (a pass run alone, from a
+    test) every Job is created at once."""
+    meta = owner["metadata"]
+    key = (meta["namespace"], meta["name"])
+    index = next((i for i, m in enumerate(desired) if m["kind"] == PROFILE_KIND), None)
+    job = live.get((PROFILE_KIND, desired[index]["metadata"]["name"])) if index is not None else None
+    if budget is None:
+        return None
+    if index is None or job is not None:  # no profile wanted, or its Job exists: not waiting
+        budget.forget(key)
+        if job is None or job_outcome(job)[0] != "Running":
+            budget.finished(key)
+        return None
+    turn = budget.ask(key, running_profiles(jobs()))
+    if turn.granted:
+        return None
+    name = desired.pop(index)["metadata"]["name"]
+    return name, turn

@@ -26,21 +26,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from pagoda.operator import metrics
+from pagoda.operator.reconcile.budget import FleetBudget, Key, Turn
 from pagoda.operator.reconcile.compare import differences, stale_fields
 from pagoda.operator.resources import ChildInputs
 from pagoda.operator.resources.meta import content_hash
 from pagoda.operator.status.report import desired_replicas
 
 Obj = dict[str, Any]
-Key = tuple[str, str]  # (namespace, name) of an InferenceService
 
 FLEET_ROLLOUT_ANNOTATION = "pagoda.dev/fleet-rollout"
 DEFAULT_MAX_CONCURRENT = 1
@@ -133,87 +131,23 @@ def fleet_rolling(deployments: Iterable[tuple[Key, Obj]]) -> set[Key]:
     return {key for key, d in deployments if FLEET_ROLLOUT_ANNOTATION in _annotations(d) and rolling(d)}
 
 
-@dataclass(frozen=True)
-class Turn:
-    """A service's answer from the budget: `granted`, or its place in the queue (1: next)."""
-
-    granted: bool
-    position: int = 0
-    queued: int = 0  # services waiting, itself included
-    rolling: int = 0  # fleet rollouts under way (the budget's slots taken)
-    limit: int = DEFAULT_MAX_CONCURRENT
-
-    def message(self) -> str:
-        return (
-            f"the operator's pod template changed (an upgrade): this service's rollout waits for a slot, "
-            f"{self.position} of {self.queued} in the queue; {self.rolling} of {self.limit} fleet rollouts "
-            "under way (rollouts.maxConcurrent)"
-        )
-
-
-class FleetRollouts:
-    """The budget of fleet rollouts at once, shared by every pass of the operator (thread-safe). Services ask
-    in the order they first asked (then by name); a grant holds a slot until the service's Deployment shows
-    its rollout (then `rolling` counts it) or GRANT_TTL_S passes. A waiting service asks again at each of its
-    passes (every QUEUED_RECHECK_S); one that has not asked for STALE_S (deleted, or its pass no longer
-    runs) leaves the queue, so that it never holds up those behind it."""
-
-    GRANT_TTL_S = 60.0
-    STALE_S = 60.0
+class FleetRollouts(FleetBudget):
+    """The budget of fleet rollouts at once (budget.py): busy are the services whose Deployment rolls for a
+    fleet rollout (`fleet_rolling`)."""
 
     def __init__(
         self, max_concurrent: int = DEFAULT_MAX_CONCURRENT, clock: Callable[[], float] = time.monotonic
-    ):
-        if max_concurrent < 1:
-            raise ValueError(f"rollouts.maxConcurrent must be at least 1, got {max_concurrent}")
-        self.limit = max_concurrent
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._queue: dict[Key, float] = {}  # service -> when it first asked
-        self._granted: dict[Key, float] = {}  # service -> when it was granted
-        self._asked: dict[Key, float] = {}  # waiting service -> when it last asked
+    ) -> None:
+        super().__init__(max_concurrent, "rollouts.maxConcurrent", metrics.ROLLOUTS_QUEUED, clock)
 
-    def ask(self, key: Key, rolling: set[Key]) -> Turn:
-        """`key` would roll for the fleet; `rolling`: the services whose Deployments are rolling for it."""
-        with self._lock:
-            now = self._clock()
-            self._granted = {
-                k: t for k, t in self._granted.items() if now - t < self.GRANT_TTL_S and k not in rolling
-            }
-            if key in self._granted:  # granted, its write not seen yet
-                return Turn(True, rolling=len(rolling | set(self._granted)), limit=self.limit)
-            self._queue.setdefault(key, now)
-            self._asked[key] = now
-            for gone in [k for k, t in self._asked.items() if now - t > self.STALE_S]:
-                self._queue.pop(gone, None)
-                self._asked.pop(gone, None)
-            taken = (rolling | set(self._granted)) - {key}
-            order = sorted(self._queue, key=lambda k: (self._queue[k], k))
-            position = order.index(key)
-            if len(taken) + position < self.limit:
-                del self._queue[key]
-                del self._asked[key]
-                self._granted[key] = now
-                metrics.ROLLOUTS_QUEUED.set(len(self._queue))
-                return Turn(True, rolling=len(taken) + 1, limit=self.limit)
-            metrics.ROLLOUTS_QUEUED.set(len(order))
-            return Turn(False, position + 1, len(order), len(taken), self.limit)
 
-    def finished(self, key: Key) -> None:
-        """`key`'s granted rollout is over (its Deployment no longer rolls): its slot is free."""
-        with self._lock:
-            self._granted.pop(key, None)
-
-    def forget(self, key: Key) -> None:
-        """`key` no longer waits (its template became its own change, or it is gone)."""
-        with self._lock:
-            self._queue.pop(key, None)
-            self._asked.pop(key, None)
-            metrics.ROLLOUTS_QUEUED.set(len(self._queue))
-
-    def queued(self) -> list[Key]:
-        with self._lock:
-            return sorted(self._queue, key=lambda k: (self._queue[k], k))
+def rollout_message(turn: Turn) -> str:
+    """The condition RolloutQueued's message for a held template."""
+    return (
+        f"the operator's pod template changed (an upgrade): this service's rollout waits for a slot, "
+        f"{turn.position} of {turn.queued} in the queue; {turn.busy} of {turn.limit} fleet rollouts "
+        "under way (rollouts.maxConcurrent)"
+    )
 
 
 def budget_template(

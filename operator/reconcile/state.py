@@ -14,7 +14,7 @@ from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.kube.capacity import CapacityReader
 from pagoda.operator.kube.client import Kube
 from pagoda.operator.reconcile import events, restarts
-from pagoda.operator.reconcile.rollouts import Turn
+from pagoda.operator.reconcile.budget import Turn
 from pagoda.operator.status.report import Problem
 
 log = logging.getLogger("pagoda.operator.reconcile")
@@ -50,6 +50,7 @@ class Pass:
     restart: restarts.RestartPlan | None = None  # the restart schedule after this pass's writes
     node_cache: bool = False  # spec.model.cache.scope Node: status.modelCache reports the nodes' caches
     rollout: Turn | None = None  # the pod template held for the fleet's rollout budget (rollouts.py)
+    profile_wait: tuple[str, Turn] | None = None  # a new profile Job held for the fleet's budget (profile.py)
     template_inputs: str | None = None  # the pass's rollouts.inputs_hash (status.podTemplateInputs)
     writes: int = 0
     changes: list[tuple[str, str, str]] = field(default_factory=list)  # (verb, kind, name) of children

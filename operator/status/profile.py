@@ -102,6 +102,13 @@ def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
+def queued_profile(job: str, previous: Obj | None, message: str) -> Obj:
+    """status.profile while a new profile Job (`job`, not created yet) waits for a slot of the fleet's
+    profile budget (reconcile/profile.py): state Queued, why, and what the last profile measured."""
+    kept = {key: previous[key] for key in MEASURED if previous and key in previous}
+    return {"job": job, "state": "Queued", "message": message, **kept}
+
+
 def job_outcome(job: Obj) -> tuple[str, str | None, str | None]:
     """(Running | Succeeded | Failed, when it ended, the Job controller's reason and message)."""
     for condition in (job.get("status") or {}).get("conditions") or []:

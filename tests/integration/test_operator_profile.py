@@ -312,3 +312,66 @@ def test_the_replicas_run_the_engine_choice_and_the_profile_is_not_run_again(
     time.sleep(5)
     assert [j["metadata"]["name"] for j in jobs(raw, namespace, "slotune")] == [name]
     assert profile(kube, "slotune", namespace)["job"] == name
+
+
+def test_at_most_two_profiles_run_at_once_in_the_cluster_and_a_third_waits_queued(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
+) -> None:
+    """The operator's default profile budget (--max-concurrent-profiles 2, the chart's profiles.maxConcurrent,
+    reconcile/profile.py): three new services with spec.slo at once get two profile Jobs; the third has none,
+    its status.profile Queued naming its place; sampled every second, never more than two profile Jobs run
+    in the cluster. One ends: the third's Job is created and reported Running."""
+    core = client.CoreV1Api(cluster_api)
+
+    def running() -> list[str]:  # every namespace's profile Jobs (the only Jobs a service owns), not ended
+        return [
+            f"{j['metadata']['namespace']}/{j['metadata']['name']}"
+            for j in raw.list("batch/v1", "jobs", None, OWNER_LABEL)
+            if not any(c.get("status") == "True" for c in (j.get("status") or {}).get("conditions") or [])
+        ]
+
+    # Earlier tests' namespaces are deleted without waiting: their Jobs go first.
+    wait_until(lambda: not running(), "no profile Job of an earlier test running", 120)
+    names = ["qa", "qb", "qc"]
+    for name in names:
+        create(kube, name, namespace, replicas=1, slo=SLO)
+    most = 0
+
+    def jobs_of(services: list[str]) -> list[dict[str, Any]]:
+        return [j for n in services for j in jobs(raw, namespace, n)]
+
+    def sampled(condition: Any) -> Any:
+        nonlocal most
+        now = running()
+        most = max(most, len(now))
+        assert len(now) <= 2, now
+        return condition()
+
+    wait_until(lambda: sampled(lambda: len(jobs_of(names)) == 2), "two profile Jobs", 60, 1.0)
+    [waiting] = [n for n in names if not jobs(raw, namespace, n)]
+    queued = wait_until(
+        lambda: sampled(lambda: (p := profile(kube, waiting, namespace)).get("state") == "Queued" and p),
+        "the third service's profile Queued",
+        60,
+        1.0,
+    )
+    assert queued["job"].startswith(f"{waiting}-profile-"), queued
+    assert "1 of 1 in the queue; 2 of 2 profile Jobs running" in queued["message"], queued
+    for _ in range(5):  # the queue holds: no third Job while two run
+        sampled(lambda: None)
+        assert not jobs(raw, namespace, waiting)
+        time.sleep(1)
+
+    first = next(n for n in names if n != waiting)
+    end_pod_as_the_kubelet_would(core, namespace, one_job(raw, namespace, first)["metadata"]["name"], "{}")
+    job = wait_until(
+        lambda: sampled(lambda: jobs(raw, namespace, waiting)), "the third's profile Job", 60, 1.0
+    )
+    assert [j["metadata"]["name"] for j in job] == [queued["job"]]
+    wait_until(
+        lambda: sampled(lambda: profile(kube, waiting, namespace).get("state") == "Running"),
+        "Running",
+        60,
+        1.0,
+    )
+    assert most == 2

@@ -14,14 +14,16 @@ import os
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from pagoda.operator.handlers import OBSERVED_KINDS
-from pagoda.operator.resources import CHILD_KINDS
+from pagoda.operator.resources import CHILD_KINDS, DEFAULT_RUNTIME_IMAGE
 from pagoda.operator.resources.routing import PICKER_CLUSTER_RULES
 from pagoda.operator.status.nodes import NODE_KIND
 from tests.repo import REPO
@@ -230,6 +232,17 @@ def test_namespaced_scenario_writes_only_in_its_namespace() -> None:
     assert "--namespace=pagoda-tenant-a" in args
 
 
+def test_one_version_names_the_chart_its_images_and_the_package() -> None:
+    """The chart's version is its appVersion, the tag of the operator's image (above) and of the operator's
+    default runtime image (what a GPU service runs unless it names one), and the Python package's version
+    (PEP 440's spelling of the same): a release bumps them together (RELEASES.md)."""
+    version = CHART_META["version"]
+    assert CHART_META["appVersion"] == version
+    assert DEFAULT_RUNTIME_IMAGE == f"ghcr.io/pagoda-dev/pagoda-runtime:{version}"
+    package = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert Version(package) == Version(version), (package, version)
+
+
 def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> None:
     deployment = only(default_docs, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -245,6 +258,7 @@ def test_operator_deployment_defaults(default_docs: list[dict[str, Any]]) -> Non
         "--allow-from-namespace=monitoring",  # Prometheus's scrapes (networkPolicy.allowFromNamespaces)
         "--picker-cluster-role=pagoda-endpoint-picker",  # spec.routing's pickers (templates/rbac.yaml)
         "--max-concurrent-rollouts=1",  # an upgrade's template changes roll one service at a time (rollouts)
+        "--max-concurrent-profiles=2",  # at most 2 profile Jobs at once in the cluster (profiles)
     ]
     # Requests (a BestEffort operator starves on a busy node and misses its liveness probe), no limits.
     assert container["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}}
@@ -374,6 +388,7 @@ def test_monitoring_scenario_objects() -> None:
         ("imagePullSecrets[0]=regcred", "imagePullSecrets"),  # a list of {name}, as in a pod
         ("imagePullSecrets[0].secret=regcred", "imagePullSecrets"),
         ("rollouts.maxConcurrent=0", "maxConcurrent"),  # a budget of none would never roll an upgrade
+        ("profiles.maxConcurrent=0", "maxConcurrent"),  # ... nor run a profile
     ],
 )
 def test_schema_rejects_bad_values_naming_the_field(setting: str, field: str) -> None:

@@ -5,7 +5,8 @@ budget is taken, and rolls it once a slot frees; the service's own changes roll 
 operator before the annotation count as unchanged when their spec was applied; and many services rolling
 through passes in any order never hold more than the budget at once. Profile Jobs
 (reconcile/profile.py keep_measured_job): a Job that measured the same inputs is kept, an earlier operator's
-included, so an upgrade starts no profile."""
+included, so an upgrade starts no profile; and the fleet's budget of profile Jobs (ProfileBudget) holds a new
+one, Queued, while others run, never more than its limit at once."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.reconcile import core
 from pagoda.operator.reconcile.desired import child_inputs, desired_state
-from pagoda.operator.reconcile.profile import keep_measured_job
+from pagoda.operator.reconcile.profile import ProfileBudget, keep_measured_job
 from pagoda.operator.reconcile.rollouts import (
     FLEET_ROLLOUT_ANNOTATION,
     Change,
@@ -30,6 +31,7 @@ from pagoda.operator.reconcile.rollouts import (
     fleet_rolling,
     inputs_hash,
     rolling,
+    rollout_message,
 )
 from pagoda.operator.resources import ChildInputs, OperatorSettings, RestartStamps
 from pagoda.operator.resources.profile import PROFILE_INPUTS_ANNOTATION
@@ -128,7 +130,12 @@ class Kube:
 
 
 def run_pass(
-    kube: Kube, cache: ObjectCache, name: str, settings: OperatorSettings, budget: FleetRollouts
+    kube: Kube,
+    cache: ObjectCache,
+    name: str,
+    settings: OperatorSettings,
+    budget: FleetRollouts | None = None,
+    profiles: ProfileBudget | None = None,
 ) -> Any:
     return core.reconcile(
         kube,  # type: ignore[arg-type]
@@ -138,6 +145,7 @@ def run_pass(
         cache=cache,
         settings=settings,
         rollouts=budget,
+        profiles=profiles,
     )
 
 
@@ -212,10 +220,12 @@ def test_the_budget_grants_in_the_order_asked_and_never_beyond_its_limit() -> No
     busy = {("other", "x")}
     assert budget.ask(a, busy).granted
     turn_b = budget.ask(b, busy)
-    assert (turn_b.granted, turn_b.position, turn_b.rolling, turn_b.limit) == (False, 1, 2, 2)
+    assert (turn_b.granted, turn_b.position, turn_b.busy, turn_b.limit) == (False, 1, 2, 2)
     turn_c = budget.ask(c, busy)
     assert (turn_c.position, turn_c.queued) == (2, 2)
-    assert "2 of 2 in the queue" in turn_c.message() and "rollouts.maxConcurrent" in turn_c.message()
+    assert "2 of 2 in the queue" in rollout_message(turn_c) and "rollouts.maxConcurrent" in rollout_message(
+        turn_c
+    )
     # x finished: the first in line gets the slot, not whoever asks first.
     assert not budget.ask(c, {("ns", "a")}).granted
     assert budget.ask(b, {("ns", "a")}).granted
@@ -432,3 +442,95 @@ def test_a_job_that_measured_other_inputs_is_replaced() -> None:
     unmarked = running(job, name="llm-profile-f00dfeed00")
     keep_measured_job(desired, {("Job", "llm-profile-f00dfeed00"): unmarked}, service)
     assert [m for m in desired if m["kind"] == "Job"] == [job]
+
+
+# --- the fleet's budget of profile Jobs ------------------------------------------------------------------
+
+
+class JobKube(Kube):
+    """Kube, with the lists the pass makes of a finished profile Job's pods (none here: no result)."""
+
+    def list(self, api_version: str, plural: str, namespace: str, selector: str) -> list[Obj]:
+        return []
+
+
+def created_jobs(kube: Kube) -> list[Obj]:
+    return [m for m in kube.applied if m["kind"] == "Job"]
+
+
+def seen(cache: ObjectCache, job: Obj, version: int, ended: bool = False) -> None:
+    """The cache's watch sees `job` as the API server holds it: running, or `ended` (Complete)."""
+    status: Obj = {"active": 1}
+    if ended:
+        status = {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}
+    meta = {**job["metadata"], "uid": "job-" + job["metadata"]["name"], "resourceVersion": str(version)}
+    cache.observe({**job, "metadata": meta, "status": status})
+
+
+def test_a_new_profile_waits_queued_while_the_budget_is_taken_and_keeps_what_was_measured() -> None:
+    measured = {"job": "llm-profile-0000000000", "state": "Succeeded", "concurrency": 3, "measuredBy": "x"}
+    service = owner("llm", spec=SLO_SPEC)
+    service["status"]["profile"] = measured
+    other = owner("other", spec=SLO_SPEC)
+    cache = ObjectCache("InferenceService")
+    for obj in (service, other):
+        cache.observe(obj)
+    _, others_job = wanted_job(other)
+    seen(cache, others_job, 10)  # `other`'s profile runs: the budget's one slot
+    kube = JobKube({"llm": service, "other": other})
+    budget = ProfileBudget(1)
+
+    outcome = run_pass(kube, cache, "llm", OLD, profiles=budget)
+    assert created_jobs(kube) == []
+    profile = (cache.owner("ns", "llm") or {})["status"]["profile"]
+    assert profile["state"] == "Queued" and profile["job"].startswith("llm-profile-"), profile
+    assert "1 of 1 in the queue; 1 of 1 profile Jobs running" in profile["message"], profile
+    assert profile["concurrency"] == 3  # metric SLO scales on the last profile meanwhile
+    assert outcome.requeue_after is not None and outcome.requeue_after <= 5
+    assert REGISTRY.get_sample_value("pagoda_operator_profiles_queued") == 1
+
+    seen(cache, others_job, 11, ended=True)  # its profile ended: the slot is free
+    run_pass(kube, cache, "llm", OLD, profiles=budget)
+    [job] = created_jobs(kube)
+    assert job["metadata"]["name"] == profile["job"]
+    with pytest.raises(ValueError, match="profiles.maxConcurrent"):
+        ProfileBudget(0)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_new_services_profiles_in_passes_of_any_order_never_run_more_than_the_budget(limit: int) -> None:
+    """Six new services with spec.slo, their passes in a random order each round; a profile Job runs 3
+    rounds. Sampled at every round: never more than `limit` profile Jobs run; in the end each service's
+    profile ran once."""
+    rng = random.Random(11)
+    names = [f"p{i}" for i in range(6)]
+    owners = {n: owner(n, spec=SLO_SPEC, applied=None) for n in names}
+    cache = ObjectCache("InferenceService")
+    for n in names:
+        cache.observe(owners[n])
+    kube = JobKube(owners)
+    budget = ProfileBudget(limit)
+    started: dict[str, tuple[int, Obj]] = {}
+    most = 0
+    for round_ in range(40):
+        for n in rng.sample(names, len(names)):
+            run_pass(kube, cache, n, OLD, profiles=budget)
+            for job in created_jobs(kube):
+                owner_name = job["metadata"]["name"].split("-profile-")[0]
+                if owner_name not in started:
+                    started[owner_name] = (round_, job)
+                    seen(cache, job, 10_000 + round_ * 10 + len(started))
+                else:
+                    assert started[owner_name][1]["metadata"]["name"] == job["metadata"]["name"]
+        for n, (at, job) in started.items():  # the Job controller: a profile ends 3 rounds after it began
+            if round_ - at == 3:
+                seen(cache, job, 50_000 + round_ * 10 + names.index(n), ended=True)
+        running_now = [
+            k
+            for k, j in cache.all_of_kind("Job", named_as_owner=False)
+            if not (j.get("status") or {}).get("conditions")
+        ]
+        most = max(most, len(running_now))
+        assert len(running_now) <= limit, (round_, running_now)
+    assert sorted(started) == names
+    assert most == limit
