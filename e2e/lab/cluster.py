@@ -533,21 +533,25 @@ def install_operator(
     namespace: str = OPERATOR_NAMESPACE,
     values: tuple[str, ...] = (),
     timeout: float = 240.0,
+    version: str | None = None,
+    runtime_image: str | None = None,
 ) -> None:
     """Installs Pagoda as a user does: `helm install` of the chart from the local registry (oci://), waiting
     for it. The operator runs as a pod on the real node, from its image, under the chart's RBAC; its services
-    run the CPU runtime image (the chart's `operator.runtimeImage`). `values`: more `--set` arguments."""
+    run the CPU runtime image (the chart's `operator.runtimeImage`). `values`: more `--set` arguments;
+    `version`, `runtime_image`: an earlier release's chart and CPU runtime (e2e/lab/releases.py) instead of
+    this checkout's."""
     args = [
         str(cluster.bin_dir / "helm"),
         f"--kubeconfig={cluster.kubeconfig}",
         "install",
         release,
         cluster.urls["chart"],
-        f"--version={registry.chart_version()}",
+        f"--version={version or registry.chart_version()}",
         "--plain-http",
         f"--namespace={namespace}",
         "--create-namespace",
-        f"--set=operator.runtimeImage={images.runtime_cpu_image()}",
+        f"--set=operator.runtimeImage={runtime_image or images.runtime_cpu_image()}",
         *(f"--set={value}" for value in values),
         "--wait",
         f"--timeout={timeout:.0f}s",

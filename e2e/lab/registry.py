@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import socket
 import subprocess
 import sys
@@ -106,11 +105,12 @@ def _run(argv: list[str], what: str, timeout: float = 900, hint: tuple[str, str]
     return proc.stdout
 
 
-def images() -> list[dict[str, object]]:
-    """The images `make images` built (.pagoda-dev/images/index.json)."""
-    if not IMAGES_INDEX.is_file():
-        raise RegistryError(f"{IMAGES_INDEX} is missing: run `make images`.")
-    return list(json.loads(IMAGES_INDEX.read_text())["images"])
+def images(index: Path = IMAGES_INDEX) -> list[dict[str, object]]:
+    """The images `make images` built (.pagoda-dev/images/index.json; or an earlier release's, e2e/lab/
+    releases.py)."""
+    if not index.is_file():
+        raise RegistryError(f"{index} is missing: run `make images`.")
+    return list(json.loads(index.read_text())["images"])
 
 
 def manifest_digest(registry: str, repository: str) -> str | None:
@@ -125,16 +125,19 @@ def manifest_digest(registry: str, repository: str) -> str | None:
         return None
 
 
-def push_images(registry: str, names: tuple[str, ...] | None = None) -> dict[str, str]:
+def push_images(
+    registry: str, names: tuple[str, ...] | None = None, index: Path = IMAGES_INDEX
+) -> dict[str, str]:
     """Pushes each built image but the stand-in base (or those named) under every tag it has, keeping the
-    path and dropping the registry host (`repository_of`); returns reference -> digest.
+    path and dropping the registry host (`repository_of`); returns reference -> digest. `index`: whose
+    images (`images`).
     An image the registry already serves under that tag with the digest recorded when this image id was
     pushed is not pushed again (buildah would read and hash every layer to find that out: 80 s for the
     runtime image)."""
     record_file = STORAGE / "pushed.json"
     record: dict[str, str] = json.loads(record_file.read_text()) if record_file.is_file() else {}
     pushed = {}
-    for image in images():
+    for image in images(index):
         if (names is not None and image["name"] not in names) or (names is None and image.get("stand_in")):
             continue
         for reference in image["references"]:  # type: ignore[attr-defined]
@@ -188,16 +191,17 @@ def pushed(workdir: Path) -> dict[str, str]:
     return found
 
 
-def push_chart(registry: str, helm: Path, workdir: Path, plain_http: bool = True) -> str:
-    """Packages charts/pagoda and pushes it to `registry` (host[:port][/path]); returns the chart's oci://
-    reference (without version)."""
-    out = workdir / "chart"
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    _run([str(helm), "package", str(CHART_DIR), "--destination", str(out)], "helm package")
-    (package,) = out.glob("pagoda-*.tgz")
-    argv = [str(helm), "push", str(package), f"oci://{registry}/{CHART_REPOSITORY}"]
-    _run(argv + (["--plain-http"] if plain_http else []), f"helm push {package.name}")
+def push_chart(
+    registry: str, helm: Path, workdir: Path, plain_http: bool = True, chart_dir: Path = CHART_DIR
+) -> str:
+    """Packages `chart_dir` (charts/pagoda; or an earlier release's) and pushes it to `registry`
+    (host[:port][/path]); returns the chart's oci:// reference (without version)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="chart-", dir=workdir) as out:
+        _run([str(helm), "package", str(chart_dir), "--destination", out], "helm package")
+        (package,) = Path(out).glob("pagoda-*.tgz")
+        argv = [str(helm), "push", str(package), f"oci://{registry}/{CHART_REPOSITORY}"]
+        _run(argv + (["--plain-http"] if plain_http else []), f"helm push {package.name}")
     return f"oci://{registry}/{CHART_REPOSITORY}/pagoda"
 
 
@@ -216,12 +220,13 @@ def missing_upgrade_notes(
     version: str, releases: Path = RELEASES_FILE, notes: Path = INSTALL_DOC
 ) -> str | None:
     """Why `version` may not be released yet for want of upgrade notes, or None: every release after the
-    first has a section `### Upgrading from <the release before it> to <version>` in docs/install.md."""
+    first has a section `### Upgrading from <the release before it> to <version>` in docs/install.md. A
+    pre-release (`0.2.0-dev`, main between releases) needs the notes of the release it leads to (0.2.0)."""
     versions = released_versions(releases)
     earlier = versions[: versions.index(version)] if version in versions else versions
     if not earlier:
         return None  # the first release: nothing to upgrade from
-    heading = f"### Upgrading from {earlier[-1]} to {version}"
+    heading = f"### Upgrading from {earlier[-1]} to {version.split('-', 1)[0]}"
     if heading in notes.read_text().splitlines():
         return None
     return (

@@ -32,7 +32,7 @@ from .meta import CONTAINER_NAME, GPU_PRODUCT_LABEL, content_hash, labels, selec
 from .quantity import canonical
 from .tls import scheme, tls_mount, tls_volume
 
-DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.1.0"
+DEFAULT_RUNTIME_IMAGE = "ghcr.io/pagoda-dev/pagoda-runtime:0.2.0-dev"
 PRESTOP_SLEEP_SECONDS = 5  # endpoints controllers and proxies drop the pod before SIGTERM arrives
 # After the drain, the runtime (runtime/serving/lifecycle.py) waits up to 15 s for its HTTP server to stop and
 # 30 s for the engine to shut down, then reaps its children: the grace period covers all of it, so the kubelet

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e.lab.registry import RegistryError, _run, missing_upgrade_notes, released_versions
+from e2e.lab.registry import RegistryError, _run, chart_version, missing_upgrade_notes, released_versions
 
 HINT = ("image not known", "Run `make images` here.")
 
@@ -46,6 +46,8 @@ RELEASES = """| version | commit | date |
         ("0.2.0", "## Upgrade\n### Upgrading: something\n", True),
         ("0.3.0", "### Upgrading from 0.1.0 to 0.2.0\n", True),  # the notes must name the release before
         ("0.3.0", "### Upgrading from 0.2.0 to 0.3.0\n", False),
+        ("0.3.0-dev", "### Upgrading from 0.2.0 to 0.3.0\n", False),  # main heading for 0.3.0: its notes
+        ("0.3.0-dev", "### Upgrading from 0.2.0 to 0.3.0-dev\n", True),
     ],
 )
 def test_a_release_after_the_first_needs_its_upgrade_notes(
@@ -56,7 +58,7 @@ def test_a_release_after_the_first_needs_its_upgrade_notes(
     found = missing_upgrade_notes(version, tmp_path / "RELEASES.md", tmp_path / "install.md")
     assert (found is not None) == missing, found
     if missing:
-        assert found is not None and "### Upgrading from" in found and version in found
+        assert found is not None and f" to {version.split('-')[0]}'" in found, found
 
 
 def test_this_repositorys_releases_have_their_notes() -> None:
@@ -64,3 +66,5 @@ def test_this_repositorys_releases_have_their_notes() -> None:
     versions = released_versions()
     assert versions and versions[0] == "0.1.0"
     assert [v for v in versions if missing_upgrade_notes(v) is not None] == []
+    # main between releases (a pre-release version) has the notes of the release it leads to
+    assert missing_upgrade_notes(chart_version()) is None
