@@ -1,0 +1,101 @@
+"""Pure functions: how a fixed pool of GPUs is shared by the services of one budget (issue #43;
+docs/design/2026-12-06-gpu-budget.md). Not wired into the pass yet: this is the allocation that the pass will
+apply as each member's ScaledObject maxReplicaCount.
+
+Two steps, each a pure function of what the pass reads:
+
+- `allocate`: each member's **target**, the replicas it may hold. First its guarantee (its autoscaling
+  minReplicas, which the budget must cover: `problems`), then what is left, one replica at a time, by priority
+  (higher first) to members whose autoscaler asks for more (the HPA's desired count, up to their maxReplicas);
+  among equal priorities the next replica goes to the member with the fewest GPUs above its guarantee (then by
+  name), so equals share the slack evenly, counted in GPUs. Work-conserving: GPUs no higher priority can use
+  (its demand met, or its replicas too large for what is left) go to lower ones.
+- `hand_over`: each member's **limit** now, the maxReplicaCount to apply. A target below what a member holds
+  applies at once: its HPA scales it in through the normal drain (requests finish, its PodDisruptionBudget is
+  honoured). A target above it is granted only into GPUs that are free now (held by no member's pod, a
+  terminating one included), highest priority first: the other member's scale-in comes first, and the
+  scheduler never has to preempt anything. A member's limit is never below its guarantee (KEDA needs
+  maxReplicaCount >= minReplicaCount), nor below 1.
+
+No I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Key = tuple[str, str]  # (namespace, name) of an InferenceService
+
+
+@dataclass(frozen=True)
+class Member:
+    """One service of a budget, as the pass reads it."""
+
+    key: Key
+    priority: int
+    gpus: int  # GPUs per replica (spec.resources.gpu.count)
+    guaranteed: int  # replicas it always may hold (spec.autoscaling.minReplicas)
+    ceiling: int  # the most it ever may hold (spec.autoscaling.maxReplicas)
+    demand: int  # replicas its autoscaler asks for now (the HPA's desiredReplicas)
+    holding: int = 0  # replicas whose pods hold GPUs now (Running or Pending, terminating included)
+
+
+def problems(capacity: int, members: list[Member]) -> list[str]:
+    """Why the budget cannot be honoured as declared, each naming what to change; [] when it can."""
+    if capacity < 0:
+        return [f"spec.gpus: {capacity} is negative"]
+    found = []
+    needed = sum(m.guaranteed * m.gpus for m in members)
+    if needed > capacity:
+        each = ", ".join(f"{m.key[0]}/{m.key[1]} {m.guaranteed} x {m.gpus}" for m in members if m.guaranteed)
+        found.append(
+            f"spec.gpus: {capacity} GPUs cannot cover the members' guaranteed replicas (their "
+            f"autoscaling.minReplicas), which need {needed} ({each})"
+        )
+    for m in members:
+        if m.gpus > capacity:
+            found.append(
+                f"{m.key[0]}/{m.key[1]}: one replica needs {m.gpus} GPUs (spec.resources.gpu.count), more "
+                f"than the budget's {capacity}"
+            )
+    return found
+
+
+def allocate(capacity: int, members: list[Member]) -> dict[Key, int]:
+    """Each member's target replicas (see the module's docstring). With `problems`, the guarantees are
+    still given in priority order as far as the GPUs go (the status reports the rest)."""
+    target = {m.key: 0 for m in members}
+    free = capacity
+    by_priority = sorted(members, key=lambda m: (-m.priority, m.key))
+    for m in by_priority:  # the guarantees first
+        give = min(m.guaranteed, m.ceiling, max(0, free) // m.gpus if m.gpus else m.guaranteed)
+        target[m.key] = give
+        free -= give * m.gpus
+    for priority in sorted({m.priority for m in members}, reverse=True):
+        level = [m for m in members if m.priority == priority]
+        while True:
+            wanting = [
+                m for m in level if target[m.key] < min(m.demand, m.ceiling) and m.gpus <= free and m.gpus > 0
+            ]
+            if not wanting:
+                break
+            m = min(wanting, key=lambda m: ((target[m.key] - m.guaranteed) * m.gpus, m.key))
+            target[m.key] += 1
+            free -= m.gpus
+    return target
+
+
+def hand_over(capacity: int, members: list[Member], target: dict[Key, int]) -> dict[Key, int]:
+    """Each member's maxReplicaCount now, on the way to `target` (see the module's docstring)."""
+    limit: dict[Key, int] = {}
+    free = capacity - sum(m.holding * m.gpus for m in members)
+    for m in sorted(members, key=lambda m: (-m.priority, m.key)):
+        want = target[m.key]
+        if want <= m.holding:
+            limit[m.key] = want  # scale in (or hold): the HPA drains what is over
+            continue
+        room = max(0, free) // m.gpus if m.gpus else want - m.holding
+        grant = min(want - m.holding, room)
+        free -= grant * m.gpus
+        limit[m.key] = m.holding + grant
+    return {m.key: max(limit[m.key], m.guaranteed, 1) for m in members}
