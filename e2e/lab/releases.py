@@ -13,6 +13,8 @@ checkout's images and chart.
   appVersion: the operator and the CPU runtime. Built once: while the ids its index records are in buildah's
   storage (shared by every checkout) nothing is built. A first build costs the layers after the lock files'
   (the same locks as this checkout's: buildah's layer cache serves the rest); docs/testing.md has the times.
+  Each builder untags the other's inputs-hash tags (`forget_older`: same repositories), never its version
+  tags, so the images stay; the next build on either side re-tags from the layer cache in seconds.
 - The registry: its images pushed by id (registry.push_images, whose record skips what the registry already
   holds), its chart packaged from the worktree and pushed as the same repository's version <version>.
 """
