@@ -108,6 +108,10 @@ def _reconcile(
 ) -> Outcome:
     owner = read_owner(kube, cache, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
+        for budget in (rollouts, profiles):  # a deleted service waits for nothing: those behind it move up
+            if budget is not None:
+                budget.forget((namespace, name))
+                budget.finished((namespace, name))
         return Outcome("gone")
     spec, problems = parse_spec(owner)  # the one reading of the spec in a pass
     chat_template, refused = (

@@ -534,3 +534,27 @@ def test_new_services_profiles_in_passes_of_any_order_never_run_more_than_the_bu
         assert len(running_now) <= limit, (round_, running_now)
     assert sorted(started) == names
     assert most == limit
+
+
+def test_a_deleted_services_pass_takes_it_out_of_both_queues_at_once() -> None:
+    """Not after STALE_S: a deleted service queued ahead of others held them up for a minute (tier 2 in a
+    clean clone: earlier tests' services, their namespaces deleted, stood ahead of a new one's profile)."""
+    rollouts, profiles = FleetRollouts(1), ProfileBudget(1)
+    busy = {("ns", "x")}
+    for budget in (rollouts, profiles):
+        assert not budget.ask(("ns", "gone"), busy).granted
+        assert budget.ask(("ns", "next"), busy).position == 2
+    cache = ObjectCache("InferenceService")  # its deletion seen: no longer in the cache
+    outcome = core.reconcile(
+        JobKube({}),  # type: ignore[arg-type]
+        "ns",
+        "gone",
+        now=lambda: NOW,
+        cache=cache,
+        rollouts=rollouts,
+        profiles=profiles,
+    )
+    assert outcome.result == "gone"
+    for budget in (rollouts, profiles):
+        assert budget.queued() == [("ns", "next")]
+        assert budget.ask(("ns", "next"), set()).granted
