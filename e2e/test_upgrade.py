@@ -12,9 +12,12 @@ through the gateway, from before the upgrade to after the rollback.
    from 0.1.0's (its runtime image, a topology spread), not the services' specs: the fleet's rollout budget
    (rollouts.maxConcurrent, default 1) rolls them one at a time. Sampled every second: never more than one
    Deployment rolling, each service's one replica replaced once and by a rollout the budget granted (the
-   Deployment carries pagoda.dev/fleet-rollout), no container restarted; after it every service is Ready on
-   the new runtime image with its status current (observedGeneration, podTemplateInputs), the adapter loaded,
-   the specs as they were (the CRD upgraded in place, no InferenceService lost or rewritten), no Job created.
+   Deployment carries pagoda.dev/fleet-rollout), no container restarted, and each service seen managed by the
+   new operator (its status.podTemplateInputs) while its only Ready pod still ran 0.1.0's runtime: Ready, the
+   adapter loaded through the new operator's management calls (version skew); after it every service is Ready
+   on the new runtime image with its status current (observedGeneration, podTemplateInputs), the adapter
+   loaded, the specs as they were (the CRD upgraded in place, no InferenceService lost or rewritten), no Job
+   created.
 2. `helm rollback` to 0.1.0: its operator, which has no rollout budget, rolls all three back to its runtime
    image at once (the node's 4 fake GPUs let at most one surge pod start at a time, so they go one after
    another anyway); every service Ready again on 0.1.0's image, the adapter loaded, the specs as they were.
@@ -39,7 +42,7 @@ from e2e.lab.cluster import OPERATOR_RELEASE, Cluster, install_operator
 from e2e.lab.gateway import start_gateway
 from e2e.lab.observability import Load
 from e2e.lab.processes import wait_until
-from e2e.lab.realpods import apply, condition, get_json, service_url
+from e2e.lab.realpods import apply, condition, get_json, is_ready, service_url
 from e2e.lab.samples import tiny_sample
 from e2e.lab.stack import Stack
 from pagoda.operator.kube.client import Kube
@@ -90,6 +93,9 @@ class Fleet:
     restarts: dict[str, int] = field(default_factory=dict)  # pod -> the highest restartCount seen
     queued: set[str] = field(default_factory=set)  # services seen with RolloutQueued True
     not_ready: set[str] = field(default_factory=set)  # "service: reason" of each Ready False seen
+    # Services seen managed by the new operator (its status.podTemplateInputs) while every Ready pod of them
+    # ran the earlier runtime: Ready, status current, the adapter loaded through its management calls.
+    skew: set[str] = field(default_factory=set)
     samples: int = 0
 
 
@@ -111,6 +117,7 @@ class Sampler:
 
     kube: Kube
     namespace: str
+    new_image: str | None = None  # the runtime image of this commit's operator, on an upgrade (`Fleet.skew`)
     fleet: Fleet = field(default_factory=Fleet)
     stop: threading.Event = field(default_factory=threading.Event)
     error: list[BaseException] = field(default_factory=list)
@@ -119,19 +126,30 @@ class Sampler:
         deployments = self.kube.list("apps/v1", "deployments", self.namespace)
         runtime = [d for d in deployments if d["metadata"]["name"] in SERVICES]
         self.fleet.most_rolling = max(self.fleet.most_rolling, sum(1 for d in runtime if rolling(d)))
+        ready_images: dict[str, set[str]] = {name: set() for name in SERVICES}
+        for pod in self.kube.list("v1", "pods", self.namespace, RUNTIME_PODS):
+            owner = pod["metadata"]["labels"][OWNER_LABEL]
+            self.fleet.pods[owner].add(pod["metadata"]["name"])
+            if is_ready(pod):
+                ready_images[owner].add(pod["spec"]["containers"][0]["image"])
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                name = pod["metadata"]["name"]
+                self.fleet.restarts[name] = max(self.fleet.restarts.get(name, 0), int(status["restartCount"]))
         for s in self.kube.list("pagoda.dev/v1alpha1", "inferenceservices", self.namespace):
-            name = s["metadata"]["name"]
+            name, status = s["metadata"]["name"], s.get("status") or {}
             if condition(s, "RolloutQueued").get("status") == "True":
                 self.fleet.queued.add(name)
             ready = condition(s, "Ready")
             if ready.get("status") != "True":
                 self.fleet.not_ready.add(f"{name}: {ready.get('reason')}")
-        for pod in self.kube.list("v1", "pods", self.namespace, RUNTIME_PODS):
-            owner = pod["metadata"]["labels"][OWNER_LABEL]
-            self.fleet.pods[owner].add(pod["metadata"]["name"])
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                name = pod["metadata"]["name"]
-                self.fleet.restarts[name] = max(self.fleet.restarts.get(name, 0), int(status["restartCount"]))
+            elif (
+                self.new_image is not None
+                and "podTemplateInputs" in status
+                and status.get("adaptersReady", "1/1") == "1/1"
+                and ready_images[name]
+                and self.new_image not in ready_images[name]
+            ):
+                self.fleet.skew.add(name)
         self.fleet.samples += 1
 
     def run(self) -> None:
@@ -192,12 +210,12 @@ def settled_on(cluster: Cluster, namespace: str, image: str) -> Callable[[], boo
 
 
 def roll(
-    kube: Kube, namespace: str, helm_args: list[str], cluster: Cluster, image: str
+    kube: Kube, namespace: str, helm_args: list[str], cluster: Cluster, image: str, upgrade: bool
 ) -> tuple[Fleet, float]:
     """`helm <helm_args> --wait`, then until every service runs `image` (settled_on), sampled every second;
-    what the sampler saw and the seconds it took."""
+    what the sampler saw and the seconds it took. `upgrade`: to this commit's operator (`Fleet.skew`)."""
     began = time.monotonic()
-    with Sampler(kube, namespace) as sampler:
+    with Sampler(kube, namespace, new_image=image if upgrade else None) as sampler:
         helm(cluster, *helm_args, "--wait", "--timeout=240s")
         wait_until(settled_on(cluster, namespace, image), f"every service on {image}", ROLL_TIMEOUT, 2)
     return sampler.fleet, time.monotonic() - began
@@ -276,6 +294,7 @@ def test_an_upgrade_from_the_last_release_and_its_rollback_fail_no_request(
             ],
             cluster,
             images.runtime_cpu_image(),
+            upgrade=True,
         )
         upgraded = services(cluster, namespace)
         deployments = {
@@ -287,6 +306,7 @@ def test_an_upgrade_from_the_last_release_and_its_rollback_fail_no_request(
         # probes, metrics, the adapters' management calls): queued, Ready all along.
         assert len(upgrade.queued) >= len(SERVICES) - ROLLOUT_BUDGET, upgrade
         assert upgrade.not_ready == set(), upgrade
+        assert upgrade.skew == set(SERVICES), upgrade
         for name in SERVICES:  # its one replica, replaced once, by a rollout the budget granted
             assert len(upgrade.pods[name]) == 2, (name, upgrade.pods)
             assert FLEET_ROLLOUT_ANNOTATION in deployments[name]["metadata"].get("annotations", {}), name
@@ -301,6 +321,7 @@ def test_an_upgrade_from_the_last_release_and_its_rollback_fail_no_request(
             ["rollback", OPERATOR_RELEASE, "1", f"--namespace={old_operator}"],
             cluster,
             earlier.runtime_image,
+            upgrade=False,
         )
         print(f"Rollback in {seconds:.0f} s: {rollback}")
         for name in SERVICES:
