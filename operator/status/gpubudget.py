@@ -99,3 +99,32 @@ def hand_over(capacity: int, members: list[Member], target: dict[Key, int]) -> d
         free -= grant * m.gpus
         limit[m.key] = m.holding + grant
     return {m.key: max(limit[m.key], m.guaranteed, 1) for m in members}
+
+
+def shortfall(
+    budget: str, capacity: int, members: list[Member], target: dict[Key, int], key: Key
+) -> str | None:
+    """Why member `key` gets fewer replicas than its autoscaler asks for (up to its maxReplicas), for its
+    status; None when it gets them all. E.g. "budget team-gpus is full (4 of 4 GPUs): ns/chat (priority 100)
+    holds 3; this service gets 1 of the 3 replicas it asks for"."""
+    me = next(m for m in members if m.key == key)
+    asked = min(me.demand, me.ceiling)
+    if target[key] >= asked:
+        return None
+    used = sum(target[m.key] * m.gpus for m in members)
+    others = sorted(
+        (m for m in members if m.key != key and target[m.key]), key=lambda m: (-m.priority, m.key)
+    )
+    holders = "; ".join(
+        f"{m.key[0]}/{m.key[1]} (priority {m.priority}) holds {target[m.key] * m.gpus}" for m in others
+    )
+    why = f"budget {budget} is full ({used} of {capacity} GPUs)"
+    if capacity - used > 0:
+        why = (
+            f"budget {budget} has {capacity - used} of {capacity} GPUs left, fewer than one replica's "
+            f"{me.gpus}"
+        )
+    return (
+        f"{why}: {holders or 'no other member holds any'}; this service gets {target[key]} of the {asked} "
+        "replicas it asks for"
+    )

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pagoda.operator.status.gpubudget import Member, allocate, hand_over, problems
+from pagoda.operator.status.gpubudget import Member, allocate, hand_over, problems, shortfall
 
 
 def member(
@@ -133,3 +133,19 @@ def test_random_fleets_never_exceed_the_pool_and_honour_priority() -> None:
         grown = sum(max(0, limits[m.key] - max(m.holding, m.guaranteed, 1)) * m.gpus for m in members)
         assert grown <= max(0, free), (capacity, members, limits)
     assert checked > 250  # most random fleets were valid budgets
+
+
+def test_the_shortfall_says_who_holds_the_pool() -> None:
+    members = [member("chat", 100, 3), member("batch", 10, 3), member("idle", 10, 0, guaranteed=0)]
+    target = allocate(4, members)
+    assert shortfall("team-gpus", 4, members, target, ("ns", "chat")) is None
+    assert shortfall("team-gpus", 4, members, target, ("ns", "batch")) == (
+        "budget team-gpus is full (4 of 4 GPUs): ns/chat (priority 100) holds 3; this service gets 1 of the "
+        "3 replicas it asks for"
+    )
+    big = [member("big", 10, 3, gpus=2), member("small", 100, 3)]
+    target = allocate(6, big)  # small takes 3, big its guaranteed 1: 1 GPU left, big needs 2
+    assert shortfall("pool", 6, big, target, ("ns", "big")) == (
+        "budget pool has 1 of 6 GPUs left, fewer than one replica's 2: ns/small (priority 100) holds 3; this "
+        "service gets 1 of the 3 replicas it asks for"
+    )
