@@ -210,10 +210,19 @@ def push_chart(
 RELEASED_IMAGES = ("operator", "runtime-cpu")
 
 
+def release_commits(releases: Path = RELEASES_FILE) -> dict[str, str]:
+    """RELEASES.md's table: version -> the commit it was cut from (as written there), oldest first."""
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:3]]
+        for line in releases.read_text().splitlines()
+        if line.startswith("| ")
+    ]
+    return {row[0]: row[1] for row in rows if len(row) == 2 and row[0][:1].isdigit()}
+
+
 def released_versions(releases: Path = RELEASES_FILE) -> list[str]:
     """The versions in RELEASES.md's table, oldest first."""
-    rows = [line.split("|")[1].strip() for line in releases.read_text().splitlines() if line.startswith("| ")]
-    return [v for v in rows if v and v[0].isdigit()]
+    return list(release_commits(releases))
 
 
 def missing_upgrade_notes(

@@ -54,11 +54,10 @@ class Release:
 
 def commit_of(version: str, releases: Path = registry.RELEASES_FILE) -> str:
     """The commit RELEASES.md records for `version` (as written there: a short hash)."""
-    for line in releases.read_text().splitlines():
-        cells = [cell.strip() for cell in line.split("|")]
-        if len(cells) > 2 and cells[1] == version:
-            return cells[2]
-    raise ReleaseError(f"{releases.name} has no release {version}: {registry.released_versions(releases)}")
+    commits = registry.release_commits(releases)
+    if version not in commits:
+        raise ReleaseError(f"{releases.name} has no release {version}: {list(commits)}")
+    return commits[version]
 
 
 def _git(*args: str, cwd: Path = REPO_ROOT) -> str:
