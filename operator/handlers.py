@@ -110,7 +110,7 @@ def build_registry(
         type: str, event: kopf.RawEvent, name: str, namespace: str | None, **_: Any
     ) -> None:
         cache.observe(dict(event["object"]), deleted=type == "DELETED")
-        if type != "DELETED" and namespace:
+        if namespace:  # deleted too: its pass finds it gone and frees what it held in the fleet's budgets
             queue.add((namespace, name))
 
     async def child_event(

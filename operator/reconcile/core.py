@@ -35,6 +35,7 @@ from pagoda.operator.kube.client import Kube, KubeError
 from pagoda.operator.kube.workqueue import Outcome
 from pagoda.operator.reconcile import events, restarts
 from pagoda.operator.reconcile.apply import change_children
+from pagoda.operator.reconcile.budget import FleetBudget
 from pagoda.operator.reconcile.chattemplate import read_chat_template
 from pagoda.operator.reconcile.desired import child_inputs, owned_children, start_at_min_replicas
 from pagoda.operator.reconcile.observe import check_secrets, observe, read_children, read_owner
@@ -108,10 +109,7 @@ def _reconcile(
 ) -> Outcome:
     owner = read_owner(kube, cache, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
-        for budget in (rollouts, profiles):  # a deleted service waits for nothing: those behind it move up
-            if budget is not None:
-                budget.forget((namespace, name))
-                budget.finished((namespace, name))
+        leave_budgets((namespace, name), rollouts, profiles)
         return Outcome("gone")
     spec, problems = parse_spec(owner)  # the one reading of the spec in a pass
     chat_template, refused = (
@@ -166,7 +164,8 @@ def _reconcile(
             p.node_cache = spec.model.node_cache
         status = compute_status(p.owner, observe(p, desired), selector=selector_string(name), now=p.now())
         write_status(p, status)
-    except OwnerGone:
+    except OwnerGone:  # e.g. its namespace is terminating: a slot granted in this pass would never be used
+        leave_budgets((namespace, name), rollouts, profiles)
         return Outcome("gone", writes=p.writes)
     return Outcome(
         result="error" if p.problems else ("applied" if p.writes else "unchanged"),
@@ -174,6 +173,15 @@ def _reconcile(
         writes=p.writes,
         problems=p.problems,
     )
+
+
+def leave_budgets(key: tuple[str, str], *budgets: FleetBudget | None) -> None:
+    """A service found gone waits for nothing and holds nothing: those behind it in the fleet's budgets move
+    up at once, not when its grant or its place in the queue times out (budget.py)."""
+    for budget in budgets:
+        if budget is not None:
+            budget.forget(key)
+            budget.finished(key)
 
 
 def parse_spec(owner: Obj) -> tuple[InferenceServiceSpec | None, list[Problem]]:

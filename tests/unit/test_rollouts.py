@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 
 from pagoda.operator.api import InferenceServiceSpec
 from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.kube.client import KubeError
 from pagoda.operator.reconcile import core
 from pagoda.operator.reconcile.desired import child_inputs, desired_state
 from pagoda.operator.reconcile.profile import ProfileBudget, keep_measured_job
@@ -558,3 +559,29 @@ def test_a_deleted_services_pass_takes_it_out_of_both_queues_at_once() -> None:
     for budget in (rollouts, profiles):
         assert budget.queued() == [("ns", "next")]
         assert budget.ask(("ns", "next"), set()).granted
+
+
+class TerminatingKube(JobKube):
+    """Its namespace is being deleted: the API server refuses every new child, as it does then."""
+
+    def apply(self, manifest: Obj, plural: str) -> Obj:
+        raise KubeError(
+            403,
+            "Forbidden",
+            f"{manifest['kind']} is forbidden: unable to create new content in "
+            "namespace ns because it is being terminated",
+        )
+
+
+def test_a_pass_granted_a_slot_whose_namespace_is_terminating_frees_it_at_once() -> None:
+    """Not after GRANT_TTL_S: a service whose namespace was being deleted lost its profile Job first, its
+    pass was granted a slot for a new one, could not create it, and held the slot for a minute (tier 2 in
+    CI: a later test's second profile Job came 60 s late)."""
+    service, other = owner("gone", spec=SLO_SPEC), owner("next", spec=SLO_SPEC)
+    cache = ObjectCache("InferenceService")
+    for obj in (service, other):
+        cache.observe(obj)
+    budget = ProfileBudget(1)
+    outcome = run_pass(TerminatingKube({"gone": service}), cache, "gone", OLD, profiles=budget)
+    assert outcome.result == "gone"
+    assert budget.ask(("ns", "next"), set()).granted
