@@ -18,8 +18,10 @@ from typing import Any
 import kopf
 
 from pagoda.operator.api import GROUP, PLURAL, VERSION
+from pagoda.operator.api.budget import BUDGET_PLURAL
 from pagoda.operator.kube.cache import ObjectCache
 from pagoda.operator.kube.workqueue import WorkQueue
+from pagoda.operator.reconcile.gpubudget import GPUBudgets
 from pagoda.operator.resources import CHILD_KINDS, meta
 from pagoda.operator.resources.meta import OWNER_LABEL
 from pagoda.operator.status.nodes import NODE_KIND
@@ -93,8 +95,10 @@ def build_registry(
     client_config: Any,
     watch_timeout: int = 600,
     watch_nodes: bool = True,
+    budgets: GPUBudgets | None = None,
 ) -> kopf.OperatorRegistry:
-    """`watch_nodes`: also watch Nodes (off when the operator may not list them)."""
+    """`watch_nodes`: also watch Nodes (off when the operator may not list them); `budgets`: watch the
+    GPUBudgets into it (off when they could not be listed)."""
     registry = kopf.OperatorRegistry()
 
     @kopf.on.startup(registry=registry)
@@ -126,6 +130,14 @@ def build_registry(
         owner = labels.get(OWNER_LABEL)
         if owner and namespace:
             queue.add((namespace, owner))
+
+    async def budget_event(type: str, event: kopf.RawEvent, name: str, **_: Any) -> None:
+        assert budgets is not None
+        budgets.observe(dict(event["object"]), deleted=type == "DELETED")
+        budgets.wake_members(cache, name)  # its pool, or whom it admits, may have changed
+
+    if budgets is not None:
+        kopf.on.event(GROUP, VERSION, BUDGET_PLURAL, registry=registry, id="gpubudgets")(budget_event)
 
     for api_version, kind, plural in WATCHED_KINDS:
         kopf.on.event(

@@ -38,6 +38,7 @@ from pagoda.operator.kube.podcalls import PodTrust
 from pagoda.operator.kube.workqueue import Outcome, WorkQueue, work
 from pagoda.operator.reconcile import apply
 from pagoda.operator.reconcile.core import reconcile
+from pagoda.operator.reconcile.gpubudget import GPUBudgets
 from pagoda.operator.reconcile.profile import DEFAULT_MAX_CONCURRENT_PROFILES, ProfileBudget
 from pagoda.operator.reconcile.rollouts import DEFAULT_MAX_CONCURRENT, FleetRollouts
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE, OperatorSettings
@@ -317,6 +318,15 @@ async def reconcile_all(
     for item in await asyncio.to_thread(refresh, kube, cache, args.namespace):
         queue.add((item["metadata"]["namespace"], item["metadata"]["name"]))  # type: ignore[index]
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
+    loop = asyncio.get_running_loop()
+
+    def wake(key: tuple[str, str]) -> None:  # from a pass's thread: the queue is the event loop's
+        loop.call_soon_threadsafe(queue.add, key)
+
+    budgets = GPUBudgets(wake=wake)
+    # A GPUBudget is the cluster's: only an operator that watches every namespace applies them.
+    watch_budgets = args.namespace is None and await asyncio.to_thread(budgets.prime, kube)
+    budgets.known = watch_budgets
     trust = PodTrust(kube, cache.owner)  # the CA each TLS service's pods are verified against
     capacity = CapacityReader(trust=trust) if args.read_capacity else None
     overlap = args.management_key_overlap_seconds
@@ -331,6 +341,7 @@ async def reconcile_all(
         adapters=AdapterSync(keys, trust=trust),
         rollouts=FleetRollouts(args.max_concurrent_rollouts),
         profiles=ProfileBudget(args.max_concurrent_profiles),
+        budgets=budgets,
     )
     settings = OperatorSettings(
         default_image=args.runtime_image,
@@ -351,7 +362,13 @@ async def reconcile_all(
     )
     operator_task = asyncio.create_task(
         kopf.operator(
-            registry=build_registry(queue, cache, api.configuration, watch_nodes=watch_nodes),
+            registry=build_registry(
+                queue,
+                cache,
+                api.configuration,
+                watch_nodes=watch_nodes,
+                budgets=budgets if watch_budgets else None,
+            ),
             clusterwide=args.namespace is None,
             namespaces=[args.namespace] if args.namespace else [],
             standalone=True,

@@ -48,6 +48,13 @@ ROLLOUTS_QUEUED = Gauge(
     "InferenceServices whose pod template change of the operator's (an upgrade's) waits for the fleet's "
     "rollout budget (--max-concurrent-rollouts), as of the last pass that asked it.",
 )
+BUDGET_REPLICAS = Gauge(
+    "pagoda_budget_replicas",
+    "Each GPUBudget member's replicas: `demand` (what its autoscaler asks for, up to maxReplicas), "
+    "`allocated` (what the budget gives it), `limit` (its ScaledObject's maxReplicaCount now), `holding` "
+    "(pods holding GPUs), as of the last pass of one of the budget's members.",
+    ["budget", "namespace", "service", "measure"],
+)
 PROFILES_QUEUED = Gauge(
     "pagoda_operator_profiles_queued",
     "InferenceServices whose new capacity profile Job waits for the fleet's profile budget "

@@ -17,6 +17,7 @@ from e2e.lab.processes import REPO_ROOT, OperatorMetrics, http_ok, wait_until
 
 CHART = REPO_ROOT / "charts" / "pagoda"
 CRD_NAME = "inferenceservices.pagoda.dev"
+CRD_NAMES = (CRD_NAME, "gpubudgets.pagoda.dev")  # every CRD the chart installs (crds/)
 OPERATOR_SELECTOR = "app.kubernetes.io/name=pagoda"  # the chart's selector labels name the operator's pod
 
 
@@ -39,21 +40,22 @@ def kubectl_json(cluster: Cluster, *args: str) -> Any:
 
 
 def adopt_crd(cluster: Cluster, release: str, namespace: str) -> None:
-    """Let Helm adopt an InferenceService CRD that something else (another test, `make demo`) applied:
-    Helm's documented way is its ownership label and annotations on the existing object."""
-    found = cluster.kubectl("get", "crd", CRD_NAME, "--ignore-not-found", "-o", "name").stdout.strip()
-    if not found:
-        return
-    cluster.kubectl("label", "--overwrite", "crd", CRD_NAME, "app.kubernetes.io/managed-by=Helm")
-    cluster.kubectl(
-        "annotate",
-        "--overwrite",
-        "crd",
-        CRD_NAME,
-        f"meta.helm.sh/release-name={release}",
-        f"meta.helm.sh/release-namespace={namespace}",
-        "helm.sh/resource-policy-",  # the chart sets it again when crds.keep is on
-    )
+    """Let Helm adopt the chart's CRDs that something else (another test, `make demo`) applied: Helm's
+    documented way is its ownership label and annotations on the existing object."""
+    for name in CRD_NAMES:
+        found = cluster.kubectl("get", "crd", name, "--ignore-not-found", "-o", "name").stdout.strip()
+        if not found:
+            continue
+        cluster.kubectl("label", "--overwrite", "crd", name, "app.kubernetes.io/managed-by=Helm")
+        cluster.kubectl(
+            "annotate",
+            "--overwrite",
+            "crd",
+            name,
+            f"meta.helm.sh/release-name={release}",
+            f"meta.helm.sh/release-namespace={namespace}",
+            "helm.sh/resource-policy-",  # the chart sets it again when crds.keep is on
+        )
 
 
 def service_account_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:

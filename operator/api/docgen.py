@@ -31,20 +31,33 @@ def _rows(node: dict[str, Any], path: str, required: bool) -> Iterator[str]:
         yield from _rows(sub, f"{path}{suffix}.{name}", name in target.get("required", []))
 
 
-def reference(root: dict[str, Any]) -> str:
+def markers(kind: str | None = None) -> tuple[str, str]:
+    """The generated block's markers: the InferenceService's (kind None), or another kind's."""
+    if kind is None:
+        return BEGIN, END
+    return (
+        f"<!-- BEGIN GENERATED {kind} REFERENCE (make crds) -->",
+        f"<!-- END GENERATED {kind} REFERENCE -->",
+    )
+
+
+def reference(root: dict[str, Any], kind: str | None = None) -> str:
     """Markdown tables for spec and status."""
-    lines = [BEGIN, ""]
+    begin, end = markers(kind)
+    lines = [begin, ""]
     for part in ("spec", "status"):
-        lines += [f"### {part}", "", "| Field | Type | Required | Description |", "|---|---|---|---|"]
+        title = f"### {kind} {part}" if kind else f"### {part}"
+        lines += [title, "", "| Field | Type | Required | Description |", "|---|---|---|---|"]
         lines += list(_rows(root["properties"][part], part, part == "spec"))
         lines.append("")
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines)
 
 
-def splice(document: str, generated: str) -> str:
+def splice(document: str, generated: str, kind: str | None = None) -> str:
     """Replace the generated block of docs/api.md (appending it when the markers are missing)."""
-    if BEGIN in document and END in document:
-        head, rest = document.split(BEGIN, 1)
-        return head + generated + rest.split(END, 1)[1]
+    begin, end = markers(kind)
+    if begin in document and end in document:
+        head, rest = document.split(begin, 1)
+        return head + generated + rest.split(end, 1)[1]
     return document.rstrip("\n") + "\n\n" + generated + "\n"

@@ -10,6 +10,7 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from pagoda.contract import KV_CACHE_USAGE_METRIC, QUEUE_DEPTH_METRIC, RUNNING_REQUESTS_METRIC
 
 from .base import ApiModel
+from .budget import BudgetRef
 from .restarts import CLOCK_PATTERN, DailyWindow
 from .rules import (
     AUTOSCALING_RULES,
@@ -180,6 +181,12 @@ class AutoscalingSpec(ApiModel):
         description="How long before a schedule window opens its replicas start. Default: the typical cold "
         f"start this service measured (status.startup.typical.seconds), or {DEFAULT_WARM_UP_SECONDS} before "
         "one is measured; rounded up to whole minutes (cron's resolution).",
+    )
+    budget: BudgetRef | None = Field(
+        default=None,
+        description="A GPUBudget this service shares with others (docs/budget.md): the operator then sets "
+        "the ScaledObject's maxReplicaCount to the replicas the budget gives it now (at most maxReplicas, "
+        "at least minReplicas, the guarantee), and status.budget says what it asked for, got, and why.",
     )
     prometheus_address: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090",

@@ -13,6 +13,7 @@ from pydantic import Field
 from pagoda.contract import TUNE_MAX_RUNS
 
 from .base import ApiModel
+from .budget import ServiceBudgetStatus
 
 ConditionType = Literal["Ready", "Progressing", "Degraded", "DisruptionTolerant"]
 CONDITION_TYPES: tuple[ConditionType, ...] = ("Ready", "Progressing", "Degraded", "DisruptionTolerant")
@@ -441,6 +442,11 @@ class InferenceServiceStatus(ApiModel):
     )
     profile: ProfileStatus | None = Field(
         default=None, description="The capacity profile against spec.slo (only with spec.slo)."
+    )
+    budget: ServiceBudgetStatus | None = Field(
+        default=None,
+        description="This service's share of the GPUBudget spec.autoscaling.budget names: what its "
+        "autoscaler asks for, what the budget gives it, the maxReplicaCount now and why it gets less.",
     )
     sizing: SizingStatus | None = Field(
         default=None,

@@ -191,6 +191,11 @@ class ObjectCache:
         with self._lock:
             return self._owners.get((namespace, name))
 
+    def owners(self) -> list[Obj]:
+        """Every owner seen (e.g. a GPUBudget's members, reconcile/gpubudget.py)."""
+        with self._lock:
+            return list(self._owners.values())
+
     def children(self, namespace: str, owner: str) -> dict[ChildKey, Obj]:
         with self._lock:
             return dict(self._children.get((namespace, owner), {}))

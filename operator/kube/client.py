@@ -214,7 +214,7 @@ class Kube:
         metrics.API_WRITES.labels(kind=kind, verb="delete").inc()
 
     def patch_status(
-        self, api_version: str, kind: str, plural: str, namespace: str, name: str, status: Obj
+        self, api_version: str, kind: str, plural: str, namespace: str | None, name: str, status: Obj
     ) -> Obj:
         path = resource_path(api_version, plural, namespace, name) + "/status"
         result = self._write(

@@ -38,6 +38,7 @@ from pagoda.operator.reconcile.apply import change_children
 from pagoda.operator.reconcile.budget import FleetBudget
 from pagoda.operator.reconcile.chattemplate import read_chat_template
 from pagoda.operator.reconcile.desired import child_inputs, owned_children, start_at_min_replicas
+from pagoda.operator.reconcile.gpubudget import GPUBudgets, Share
 from pagoda.operator.reconcile.observe import check_secrets, observe, read_children, read_owner
 from pagoda.operator.reconcile.problems import invalid_spec
 from pagoda.operator.reconcile.profile import ProfileBudget, budget_profile, keep_measured_job
@@ -68,19 +69,22 @@ def reconcile(
     settings: OperatorSettings = DEFAULT_SETTINGS,
     rollouts: FleetRollouts | None = None,
     profiles: ProfileBudget | None = None,
+    budgets: GPUBudgets | None = None,
 ) -> Outcome:
     """One pass, counted in the operator's metrics. What it reads: see the module's docstring.
     `settings`: the runtime image, management key, trusted namespaces and picker ClusterRole the children
     are built with (resources/inputs.py); `rollouts`: the fleet's rollout budget (rollouts.py; without one,
     as in a pass run alone, a template change of the operator's applies at once); `profiles`: the fleet's
-    budget of profile Jobs at once (profile.py; without one a new Job is created at once). Raises NotLeader,
+    budget of profile Jobs at once (profile.py; without one a new Job is created at once); `budgets`: the
+    GPUBudgets seen (gpubudget.py; without them, or without a cache, spec.autoscaling.budget bounds nothing).
+    Raises NotLeader,
     before reading anything, when this replica may have lost the leader Lease (and at any write of the pass,
     should it be lost meanwhile: kube.py)."""
     kube.check_leader(f"reconcile name={name} namespace={namespace}")
     started = time.monotonic()
     try:
         outcome = _reconcile(
-            kube, namespace, name, now, cache, capacity, adapters, settings, rollouts, profiles
+            kube, namespace, name, now, cache, capacity, adapters, settings, rollouts, profiles, budgets
         )
     except Exception:
         metrics.RECONCILES.labels(result="error").inc()
@@ -106,6 +110,7 @@ def _reconcile(
     settings: OperatorSettings,
     rollouts: FleetRollouts | None,
     profiles: ProfileBudget | None,
+    budgets: GPUBudgets | None,
 ) -> Outcome:
     owner = read_owner(kube, cache, namespace, name)
     if owner is None or owner["metadata"].get("deletionTimestamp"):
@@ -120,7 +125,12 @@ def _reconcile(
     live, pods = read_children(kube, cache, namespace, name)
     schedule = spec.restart_schedule if spec is not None else None
     restart = restarts.plan(schedule, live.get(("Deployment", name)), now())
-    inputs = child_inputs(owner, settings, restart, chat_template) if spec is not None else None
+    share = budgets.share(kube, cache, owner, spec) if budgets and cache and spec is not None else None
+    inputs = (
+        child_inputs(owner, settings, restart, chat_template, share.limit if share else None)
+        if spec is not None
+        else None
+    )
     desired = owned_children(owner, spec, inputs) if spec is not None and inputs is not None else None
     hpa = live.pop((HPA_KIND[1], hpa_name(name)), None)
     if desired is not None and spec is not None:
@@ -163,6 +173,9 @@ def _reconcile(
             p.restart = restarts.plan(schedule, p.live.get(("Deployment", name)), now())
             p.node_cache = spec.model.node_cache
         status = compute_status(p.owner, observe(p, desired), selector=selector_string(name), now=p.now())
+        if share is not None:
+            status["budget"] = share.status
+            budget_event(p, share)
         write_status(p, status)
     except OwnerGone:  # e.g. its namespace is terminating: a slot granted in this pass would never be used
         leave_budgets((namespace, name), rollouts, profiles)
@@ -172,6 +185,22 @@ def _reconcile(
         requeue_after=requeue_after(p),
         writes=p.writes,
         problems=p.problems,
+    )
+
+
+def budget_event(p: Pass, share: Share) -> None:
+    """An Event when the GPUBudget changes this service's maxReplicaCount (a hand-over, a grant)."""
+    before = (p.owner.get("status") or {}).get("budget") or {}
+    now = share.status
+    if before.get("limit") in (None, now["limit"]):
+        return
+    reason = "BudgetScaledIn" if now["limit"] < before["limit"] else "BudgetScaledOut"
+    why = now.get("message") or "it gets every replica it asks for"
+    p.event(
+        "Normal",
+        reason,
+        f"budget {now['name']}: maxReplicaCount {before['limit']} -> {now['limit']} (asks {now['demand']}, "
+        f"allocated {now['allocated']}): {why}",
     )
 
 

@@ -43,10 +43,15 @@ def owned_children(owner: Obj, spec: InferenceServiceSpec, inputs: ChildInputs) 
 
 
 def child_inputs(
-    owner: Obj, settings: OperatorSettings, restart: RestartPlan | None, chat_template: str | None
+    owner: Obj,
+    settings: OperatorSettings,
+    restart: RestartPlan | None,
+    chat_template: str | None,
+    budget_limit: int | None = None,
 ) -> ChildInputs:
     """What the builders read besides the spec: the settings, the restart plan's times, the chat template,
-    and from the owner its profile annotation and what its status says of start-up and the last profile."""
+    the GPUBudget's limit, and from the owner its profile annotation and what its status says of start-up and
+    the last profile."""
     status = owner.get("status") or {}
     return ChildInputs(
         settings=settings,
@@ -56,6 +61,7 @@ def child_inputs(
         profile_request=(owner["metadata"].get("annotations") or {}).get(PROFILE_REQUEST_ANNOTATION),
         slo_concurrency=slo_concurrency(status.get("profile")),
         engine_choice=tuned_engine(status.get("profile")),
+        budget_limit=budget_limit,
     )
 
 

@@ -83,6 +83,7 @@ def desired_children(
                 spec.routing is not None,
                 typical_start=inputs.typical_start,
                 slo_concurrency=inputs.slo_concurrency,
+                budget_limit=inputs.budget_limit,
             )
         )
     if spec.monitoring.service_monitor.enabled:

@@ -55,6 +55,9 @@ class ChildInputs:
     # The batch settings that profile chose (status.profile.engine), which the replicas run for the fields
     # the spec leaves unset (with spec.slo.tuneEngine); the profile Job keeps the spec's own.
     engine_choice: dict[str, Any] | None = None
+    # The replicas the service's GPUBudget lets it hold now (reconcile/gpubudget.py), the ScaledObject's
+    # maxReplicaCount when below spec.autoscaling.maxReplicas; None: no budget.
+    budget_limit: int | None = None
 
 
 NO_INPUTS = ChildInputs()  # a new service's, under the default settings

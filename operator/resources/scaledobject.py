@@ -130,13 +130,15 @@ def scaled_object(
     routed: bool = False,
     typical_start: float | None = None,
     slo_concurrency: int | None = None,
+    budget_limit: int | None = None,
 ) -> dict[str, Any]:
     """With `routed` (spec.routing), a second trigger on the picker's queue: requests held there count
     toward the same per-replica target, and one held request starts the first replica (minReplicas 0).
     `typical_start`: the service's typical cold start in seconds (status.startup), the schedule's warm-up;
     `slo_concurrency`: the concurrency its capacity profile measured within spec.slo (status.profile;
     while the newest profile met it at no step, the last one measured, or 1: never targetInFlight's
-    default once a profile has measured), metric SLO's base."""
+    default once a profile has measured), metric SLO's base; `budget_limit`: the replicas its GPUBudget lets
+    it hold now (reconcile/gpubudget.py), its maxReplicaCount when below maxReplicas."""
     target = autoscaling.target_per_replica(slo_concurrency)
     triggers: list[dict[str, Any]] = [_load_trigger(name, namespace, autoscaling, target)]
     if routed:
@@ -175,7 +177,7 @@ def scaled_object(
     body = {
         "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
         "minReplicaCount": autoscaling.min_replicas,
-        "maxReplicaCount": autoscaling.max_replicas,
+        "maxReplicaCount": min(autoscaling.max_replicas, budget_limit or autoscaling.max_replicas),
         "pollingInterval": autoscaling.polling_interval,
         "cooldownPeriod": autoscaling.cooldown_period,
         # KEDA's cooldownPeriod only governs scaling to zero; replicas >= 1 are scaled down by the HPA,

@@ -1,6 +1,6 @@
-"""Pure functions: how a fixed pool of GPUs is shared by the services of one budget (issue #43;
-docs/design/2026-12-06-gpu-budget.md). Not wired into the pass yet: this is the allocation that the pass will
-apply as each member's ScaledObject maxReplicaCount.
+"""Pure functions: how a fixed pool of GPUs is shared by the services of one GPUBudget (docs/budget.md,
+docs/design/2026-12-06-gpu-budget.md); reconcile/gpubudget.py applies the result as each member's
+ScaledObject maxReplicaCount.
 
 Two steps, each a pure function of what the pass reads:
 
@@ -22,9 +22,14 @@ No I/O.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
+
+from .scaling import trigger_values
 
 Key = tuple[str, str]  # (namespace, name) of an InferenceService
+Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -128,3 +133,25 @@ def shortfall(
         f"{why}: {holders or 'no other member holds any'}; this service gets {target[key]} of the {asked} "
         "replicas it asks for"
     )
+
+
+def demand(hpa: Obj | None, guaranteed: int) -> int:
+    """The replicas a member's autoscaler asks for, from KEDA's HPA: its desiredReplicas, which the HPA
+    caps at maxReplicaCount; while the cap holds it back (condition ScalingLimited, reason TooManyReplicas)
+    what its metrics ask for, as the HPA computes it (the current replicas times each metric's ratio to its
+    target, rounded up, the largest). No HPA yet: the guarantee."""
+    if hpa is None:
+        return guaranteed
+    status = hpa.get("status") or {}
+    asked = int(status.get("desiredReplicas") or 0)
+    limited = any(
+        c.get("type") == "ScalingLimited"
+        and c.get("status") == "True"
+        and c.get("reason") == "TooManyReplicas"
+        for c in status.get("conditions") or []
+    )
+    if limited:
+        current = int(status.get("currentReplicas") or 0)
+        ratios = [value.ratio() for value in trigger_values(hpa, None)]
+        asked = max([asked, *(math.ceil(current * ratio) for ratio in ratios)])
+    return max(asked, guaranteed)

@@ -19,6 +19,7 @@ from pagoda.operator.kube.client import Kube
 from tests.repo import REPO
 
 CRD_FILE = REPO / "crds" / "pagoda.dev_inferenceservices.yaml"
+BUDGET_CRD_FILE = REPO / "crds" / "pagoda.dev_gpubudgets.yaml"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,8 +30,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def crd(cluster: Cluster) -> None:  # noqa: F811
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    wait_established(cluster, ["crd/inferenceservices.pagoda.dev"], timeout=60)
+    for path in (CRD_FILE, BUDGET_CRD_FILE):
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    wait_established(cluster, ["crd/inferenceservices.pagoda.dev", "crd/gpubudgets.pagoda.dev"], timeout=60)
 
 
 @pytest.fixture(scope="session")

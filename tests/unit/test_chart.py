@@ -198,6 +198,10 @@ def test_rbac_grants_exactly_what_the_operator_calls(default_docs: list[dict[str
         ("pagoda.dev", "inferenceservices/status"): {"patch"},
         ("", "events"): {"create"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
+        # GPUBudgets (reconcile/gpubudget.py): watched, their status written, members' namespaces read.
+        ("pagoda.dev", "gpubudgets"): {"list", "watch"},
+        ("pagoda.dev", "gpubudgets/status"): {"patch"},
+        ("", "namespaces"): {"get"},
     }
     for api_version, _kind, plural in CHILD_KINDS:  # the operator's own list of child kinds
         group = api_version.rpartition("/")[0]
@@ -228,6 +232,7 @@ def test_namespaced_scenario_writes_only_in_its_namespace() -> None:
     cluster_wide = grants(docs, "ClusterRole")
     assert all(verbs <= {"list", "watch"} for verbs in cluster_wide.values()), cluster_wide
     assert ("", "namespaces") in cluster_wide  # kopf lists namespaces when it watches only some
+    assert ("pagoda.dev", "gpubudgets") not in cluster_wide  # a budget is the cluster-wide operator's
     args = only(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=pagoda-tenant-a" in args
 
@@ -335,19 +340,24 @@ def test_chart_crds_are_the_generated_ones() -> None:
         assert copy.read_bytes() == (REPO / "crds" / name).read_bytes(), f"{copy} drifted: run `make crds`"
 
 
-def test_rendered_crd_is_the_generated_crd_plus_labels(default_docs: list[dict[str, Any]]) -> None:
-    generated = yaml.safe_load((REPO / "crds" / "pagoda.dev_inferenceservices.yaml").read_text())
-    rendered = only(default_docs, "CustomResourceDefinition")
-    assert rendered["spec"] == generated["spec"]
-    assert rendered["metadata"]["name"] == generated["metadata"]["name"]
-    assert rendered["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+def test_rendered_crds_are_the_generated_crds_plus_labels(default_docs: list[dict[str, Any]]) -> None:
+    rendered = {d["metadata"]["name"]: d for d in find(default_docs, "CustomResourceDefinition")}
+    files = sorted((REPO / "crds").glob("*.yaml"))
+    assert len(rendered) == len(files) == 2  # InferenceService and GPUBudget
+    for path in files:
+        generated = yaml.safe_load(path.read_text())
+        crd = rendered[generated["metadata"]["name"]]
+        assert crd["spec"] == generated["spec"]
+        assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
 
 
 def test_crd_keep_switch() -> None:
-    kept = only(render("--set", "crds.keep=true"), "CustomResourceDefinition")
-    assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    dropped = only(render("--set", "crds.keep=false"), "CustomResourceDefinition")
-    assert "helm.sh/resource-policy" not in (dropped["metadata"].get("annotations") or {})
+    for kept in find(render("--set", "crds.keep=true"), "CustomResourceDefinition"):
+        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    dropped = find(render("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert len(dropped) == 2
+    for crd in dropped:
+        assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
     assert not find(render("--set", "crds.install=false"), "CustomResourceDefinition")
 
 

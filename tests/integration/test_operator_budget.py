@@ -1,0 +1,166 @@
+"""A GPUBudget against the real API server (docs/budget.md; reconcile/gpubudget.py): two services share a
+pool of 3 GPUs; the high-priority one's demand makes the low one hand a replica over, and the high one's
+limit rises only once the low one's pod is gone. KEDA does not run here: each service's HPA
+(keda-hpa-<name>, labelled as KEDA labels it) is made by the test, its desiredReplicas written through the
+status subresource as KEDA's HPA would have it, and its target is a Deployment that does not exist, so that
+the HPA controller changes only its conditions. The Deployments' replicas are scaled by the test as the HPA
+would scale them; their pods are never bound to a node (each one still holds its GPU: Pending pods are
+counted)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import OperatorProcess, wait_until
+from isvc import create as create_service
+from isvc import get
+from kubernetes import client
+
+from pagoda.operator.api import GROUP, VERSION
+from pagoda.operator.api.budget import BUDGET_PLURAL
+from pagoda.operator.kube.client import Kube
+from pagoda.operator.resources.meta import MANAGED_BY, OWNER_LABEL
+
+UNBOUND = {"nodeSelector": {"pagoda.dev/test-node": "none"}}
+GPUS = 3
+
+
+def create(kube: client.CustomObjectsApi, name: str, namespace: str, budget: str, priority: int) -> None:
+    autoscaling = {
+        "minReplicas": 1,
+        "maxReplicas": 4,
+        "metricsSource": "External",
+        "budget": {"name": budget, "priority": priority},
+    }
+    create_service(kube, name, namespace, scheduling=UNBOUND, autoscaling=autoscaling, replicas=None)
+
+
+def demand(cluster_api: Any, namespace: str, name: str, replicas: int) -> None:
+    """KEDA's HPA of `name` asks for `replicas` (created on the first call)."""
+    api = client.AutoscalingV2Api(cluster_api)
+    hpa = f"keda-hpa-{name}"
+    try:
+        api.read_namespaced_horizontal_pod_autoscaler(hpa, namespace)
+    except client.ApiException as exc:
+        assert exc.status == 404, exc
+        body = {
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {
+                "name": hpa,
+                "labels": {OWNER_LABEL: name, "app.kubernetes.io/managed-by": MANAGED_BY},
+            },
+            "spec": {
+                "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{name}-absent"},
+                "minReplicas": 1,
+                "maxReplicas": 4,
+            },
+        }
+        api.create_namespaced_horizontal_pod_autoscaler(namespace, body)
+    api.patch_namespaced_horizontal_pod_autoscaler_status(
+        hpa, namespace, {"status": {"currentReplicas": 1, "desiredReplicas": replicas}}
+    )
+
+
+def scale(cluster_api: Any, namespace: str, name: str, replicas: int) -> None:
+    """The Deployment's replicas, as the HPA would set them."""
+    client.AppsV1Api(cluster_api).patch_namespaced_deployment_scale(
+        name, namespace, {"spec": {"replicas": replicas}}
+    )
+
+
+def max_replicas(raw: Kube, namespace: str, name: str) -> int | None:
+    scaled = raw.get("keda.sh/v1alpha1", "scaledobjects", namespace, name)
+    return None if scaled is None else int(scaled["spec"]["maxReplicaCount"])
+
+
+def share(kube: client.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any]:
+    return dict(((get(kube, name, namespace) or {}).get("status") or {}).get("budget") or {})
+
+
+def pods(raw: Kube, namespace: str, name: str) -> int:
+    listed = raw.list("v1", "pods", namespace, f"{OWNER_LABEL}={name}")
+    return len([p for p in listed if not p["metadata"].get("deletionTimestamp")])
+
+
+@pytest.fixture
+def pool(kube: client.CustomObjectsApi, namespace: str) -> Iterator[str]:
+    """A GPUBudget of GPUS that admits only this test's namespace."""
+    name = f"pool-{namespace[-6:]}"
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GPUBudget",
+        "metadata": {"name": name},
+        "spec": {
+            "gpus": GPUS,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        },
+    }
+    kube.create_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, body)
+    yield name
+    kube.delete_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, name)
+
+
+def test_a_busy_high_priority_service_takes_a_replica_the_low_one_hands_over_first(
+    operator: OperatorProcess,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    raw: Kube,
+    namespace: str,
+    pool: str,
+) -> None:
+    create(kube, "chat", namespace, pool, 100)
+    create(kube, "batch", namespace, pool, 0)
+    demand(cluster_api, namespace, "chat", 1)
+    demand(cluster_api, namespace, "batch", 2)
+    # Quiet: batch gets the 2 it asks for (3 GPUs: 1 guaranteed each, the third to batch).
+    wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's maxReplicaCount 2", 60)
+    assert max_replicas(raw, namespace, "chat") == 1
+    scale(cluster_api, namespace, "batch", 2)  # its HPA scales it out: 2 pods hold 2 GPUs
+    wait_until(lambda: pods(raw, namespace, "batch") == 2, "batch's 2 pods", 60)
+
+    # Load on chat: the budget gives it 2, batch 1. batch's limit drops at once; chat's waits for the GPU.
+    demand(cluster_api, namespace, "chat", 3)
+    wait_until(lambda: max_replicas(raw, namespace, "batch") == 1, "batch handing a replica over", 60)
+    held = wait_until(
+        lambda: (s := share(kube, namespace, "chat")).get("allocated") == 2 and s, "chat's share", 60
+    )
+    assert (
+        held["limit"] == 1
+        and "1 of its allocated replicas wait for another member's drain" in held["message"]
+    ), held
+    assert max_replicas(raw, namespace, "chat") == 1  # batch's second pod still holds its GPU
+    batch = share(kube, namespace, "batch")
+    assert batch["message"].startswith(
+        f"budget {pool} is full (3 of 3 GPUs): {namespace}/chat (priority 100)"
+    )
+    events = client.CoreV1Api(cluster_api).list_namespaced_event(
+        namespace, field_selector="reason=BudgetScaledIn"
+    )
+    assert any(
+        e.involved_object.name == "batch" and "maxReplicaCount 2 -> 1" in e.message for e in events.items
+    )
+
+    # batch's HPA scales it in (its drain): the GPU is free, chat's limit rises to 2.
+    scale(cluster_api, namespace, "batch", 1)
+    wait_until(lambda: max_replicas(raw, namespace, "chat") == 2, "chat's maxReplicaCount 2", 60)
+    status = wait_until(
+        lambda: (
+            (b := kube.get_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, pool).get("status"))
+            and b.get("gpusHeld") == 2
+            and b
+        ),
+        "the budget's status",
+        60,
+    )
+    assert [(m["service"], m["allocated"], m["limit"]) for m in status["members"]] == [
+        (f"{namespace}/chat", 2, 2),
+        (f"{namespace}/batch", 1, 1),
+    ]
+    assert status["gpusAllocated"] == 3 and status["problems"] == []
+
+    # chat's load stops: batch gets its second replica back.
+    demand(cluster_api, namespace, "chat", 1)
+    wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's replica back", 60)

@@ -1,0 +1,290 @@
+"""A GPUBudget applied by the members' passes (operator/reconcile/gpubudget.py through core.reconcile): each
+member's ScaledObject maxReplicaCount, its status.budget and Events, the budget's status, the members woken,
+and the services a budget refuses. The API server is a recording stand-in (as in test_rollouts.py); tier 2
+(tests/integration/test_operator_budget.py) runs the same against the real one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pagoda.operator.kube.cache import ObjectCache
+from pagoda.operator.reconcile import core
+from pagoda.operator.reconcile.gpubudget import GPUBudgets, selects
+from pagoda.operator.resources.meta import MANAGED_BY
+from tests.unit.test_rollouts import Kube as RecordingKube
+
+Obj = dict[str, Any]
+NOW = "2026-12-06T12:00:00Z"
+
+
+def service(
+    name: str, priority: int, budget: str = "pool", namespace: str = "ns", product: str | None = None
+) -> Obj:
+    gpu: Obj = {"count": 1}
+    if product:
+        gpu["product"] = product
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "InferenceService",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}", "resourceVersion": "1"},
+        "spec": {
+            "model": {"uri": "hf://pagoda-test/tiny-llama"},
+            "resources": {"gpu": gpu},
+            "autoscaling": {
+                "minReplicas": 1,
+                "maxReplicas": 4,
+                "metricsSource": "External",
+                "budget": {"name": budget, "priority": priority},
+            },
+        },
+        "status": {},
+    }
+
+
+def gpu_budget(gpus: int, selector: Obj | None = None, product: str | None = None) -> Obj:
+    spec: Obj = {"gpus": gpus, "namespaceSelector": {} if selector is None else selector}
+    if product:
+        spec["product"] = product
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "GPUBudget",
+        "metadata": {"name": "pool"},
+        "spec": spec,
+    }
+
+
+def hpa(name: str, desired: int, namespace: str = "ns") -> Obj:
+    """KEDA's HPA of `name`, asking for `desired` replicas."""
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {
+            "name": f"keda-hpa-{name}",
+            "namespace": namespace,
+            "uid": f"hpa-{name}",
+            "resourceVersion": "5",
+            "labels": {"pagoda.dev/inferenceservice": name, "app.kubernetes.io/managed-by": MANAGED_BY},
+        },
+        "spec": {"maxReplicas": 4, "minReplicas": 1},
+        "status": {"currentReplicas": 1, "desiredReplicas": desired},
+    }
+
+
+def pods(cache: ObjectCache, name: str, count: int, namespace: str = "ns") -> None:
+    """`count` Running pods of `name` (holding a GPU each); earlier ones beyond `count` are gone."""
+    for (kind, pod), _ in list(cache.children(namespace, name).items()):
+        if kind == "Pod":
+            cache.forget_child(namespace, name, "Pod", pod)
+    for i in range(count):
+        cache.observe(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-{i}",
+                    "namespace": namespace,
+                    "uid": f"{name}-pod-{i}",
+                    "resourceVersion": str(10 + i),
+                    "labels": {
+                        "pagoda.dev/inferenceservice": name,
+                        "app.kubernetes.io/managed-by": MANAGED_BY,
+                    },
+                },
+                "status": {"phase": "Running"},
+            },
+            api_version="v1",
+            kind="Pod",
+        )
+
+
+class Kube(RecordingKube):
+    """test_rollouts' recording API server, with namespaces (and their labels), Events and GPUBudget status
+    writes."""
+
+    def __init__(self, cache: ObjectCache, labels: dict[str, dict[str, str]] | None = None) -> None:
+        super().__init__({})
+        self.cache = cache
+        self.labels = labels or {}
+        self.budget_statuses: list[Obj] = []
+        self.budget = gpu_budget(0)  # the GPUBudget as the API server holds it (fleet() sets it)
+        self.events: list[Obj] = []
+
+    def get(self, api_version: str, plural: str, namespace: str | None, name: str) -> Obj | None:
+        assert plural == "namespaces", plural
+        return {"metadata": {"name": name, "labels": self.labels.get(name, {})}}
+
+    def create(self, manifest: Obj, plural: str) -> Obj:
+        if manifest.get("kind") == "Event":
+            self.events.append(manifest)
+        return manifest
+
+    def patch_status(
+        self, api_version: str, kind: str, plural: str, ns: str | None, name: str, status: Obj
+    ) -> Obj:
+        if kind == "GPUBudget":
+            self.budget_statuses.append(status)
+            return {**self.budget, "status": status}
+        owner = self.cache.owner(ns or "", name)
+        assert owner is not None
+        return {**owner, "status": status}
+
+    def max_replicas(self, name: str) -> int:
+        [last] = [m for m in self.applied if m["kind"] == "ScaledObject" and m["metadata"]["name"] == name][
+            -1:
+        ]
+        return int(last["spec"]["maxReplicaCount"])
+
+
+def run(kube: Kube, cache: ObjectCache, budgets: GPUBudgets, name: str, namespace: str = "ns") -> Obj:
+    """One pass of `name`; its status.budget."""
+    core.reconcile(kube, namespace, name, now=lambda: NOW, cache=cache, budgets=budgets)  # type: ignore[arg-type]
+    return dict((cache.owner(namespace, name) or {}).get("status", {}).get("budget") or {})
+
+
+def fleet(gpus: int = 4) -> tuple[ObjectCache, GPUBudgets, list[tuple[str, str]], Kube]:
+    cache = ObjectCache("InferenceService")
+    for obj in (service("chat", 100), service("batch", 0)):
+        cache.observe(obj)
+    woken: list[tuple[str, str]] = []
+    budgets = GPUBudgets(wake=woken.append)
+    budgets.observe(gpu_budget(gpus))
+    kube = Kube(cache)
+    kube.budget = gpu_budget(gpus)
+    return cache, budgets, woken, kube
+
+
+def test_a_busy_high_priority_member_takes_gpus_only_after_the_lower_one_drains() -> None:
+    cache, budgets, woken, kube = fleet()
+    cache.observe(hpa("batch", 3))
+    pods(cache, "batch", 3)
+    cache.observe(hpa("chat", 1))
+    pods(cache, "chat", 1)
+    # Quiet: batch gets the 3 it asks for, chat its 1.
+    assert run(kube, cache, budgets, "batch")["limit"] == 3
+    assert kube.max_replicas("batch") == 3
+    assert ("ns", "chat") in woken  # its ScaledObject does not carry its limit yet
+    assert run(kube, cache, budgets, "chat") == {
+        "name": "pool",
+        "admitted": True,
+        "demand": 1,
+        "allocated": 1,
+        "limit": 1,
+    }
+    # Load on chat: it asks for 3. The budget gives it 3, batch 1; batch's limit drops at once, chat's
+    # rises only into free GPUs (none yet: batch's 3 pods still hold them).
+    cache.observe({**hpa("chat", 3), "metadata": {**hpa("chat", 3)["metadata"], "resourceVersion": "6"}})
+    chat = run(kube, cache, budgets, "chat")
+    assert (chat["allocated"], chat["limit"]) == (3, 1), chat
+    assert chat["message"] == (
+        "2 of its allocated replicas wait for another member's drain to free their GPUs (maxReplicaCount 1 "
+        "until then)"
+    )
+    batch = run(kube, cache, budgets, "batch")
+    assert (batch["allocated"], batch["limit"]) == (1, 1) and kube.max_replicas("batch") == 1
+    assert batch["message"] == (
+        "budget pool is full (4 of 4 GPUs): ns/chat (priority 100) holds 3; this service gets 1 of the 3 "
+        "replicas it asks for"
+    )
+    [event] = [e for e in kube.events if e["reason"] == "BudgetScaledIn"]
+    assert event["involvedObject"]["name"] == "batch" and "maxReplicaCount 3 -> 1" in event["message"]
+    # batch's HPA drains two replicas: their GPUs are free, chat's limit rises to 3.
+    pods(cache, "batch", 1)
+    assert run(kube, cache, budgets, "chat")["limit"] == 3 and kube.max_replicas("chat") == 3
+    assert any(e["reason"] == "BudgetScaledOut" for e in kube.events)
+    status = kube.budget_statuses[-1]
+    assert [(m["service"], m["allocated"], m["limit"]) for m in status["members"]] == [
+        ("ns/chat", 3, 3),
+        ("ns/batch", 1, 1),
+    ]
+    assert status["gpusAllocated"] == 4 and status["problems"] == []
+    # chat's load stops: batch gets its replicas back.
+    cache.observe({**hpa("chat", 1), "metadata": {**hpa("chat", 1)["metadata"], "resourceVersion": "7"}})
+    assert run(kube, cache, budgets, "batch")["allocated"] == 3
+
+
+def test_a_demand_the_limit_holds_back_is_read_from_the_hpas_metrics() -> None:
+    """The HPA caps desiredReplicas at maxReplicaCount: while ScalingLimited/TooManyReplicas, what its
+    metrics ask for counts (here 2 replicas at 10 in flight each over a target of 4: 5)."""
+    cache, budgets, _, kube = fleet(gpus=8)
+    capped = hpa("chat", 2)
+    capped["spec"]["metrics"] = [
+        {
+            "type": "External",
+            "external": {
+                "metric": {"name": "s0-prometheus"},
+                "target": {"type": "AverageValue", "averageValue": "4"},
+            },
+        }
+    ]
+    capped["status"] = {
+        "currentReplicas": 2,
+        "desiredReplicas": 2,
+        "currentMetrics": [
+            {
+                "type": "External",
+                "external": {"metric": {"name": "s0-prometheus"}, "current": {"averageValue": "10"}},
+            }
+        ],
+        "conditions": [{"type": "ScalingLimited", "status": "True", "reason": "TooManyReplicas"}],
+    }
+    cache.observe(capped)
+    assert run(kube, cache, budgets, "chat")["demand"] == 4  # 5, up to its maxReplicas
+
+
+def test_a_service_the_budget_does_not_admit_holds_its_guarantee_and_says_why() -> None:
+    cache, budgets, _, _ = fleet()
+    budgets.observe(gpu_budget(4, selector={"matchLabels": {"team": "search"}}))
+    kube = Kube(cache, labels={"ns": {"team": "ads"}})
+    kube.budget = gpu_budget(4, selector={"matchLabels": {"team": "search"}})
+    cache.observe(hpa("chat", 3))
+    status = run(kube, cache, budgets, "chat")
+    assert status["admitted"] is False and status["limit"] == 1 and kube.max_replicas("chat") == 1
+    assert "does not admit namespace ns (its spec.namespaceSelector)" in status["message"]
+    assert kube.budget_statuses[-1]["refused"][0].startswith("ns/batch: GPUBudget pool does not admit")
+
+
+def test_a_missing_budget_or_another_product_is_named() -> None:
+    cache = ObjectCache("InferenceService")
+    cache.observe(service("chat", 1, budget="nowhere"))
+    cache.observe(service("h100", 1, product="NVIDIA-H100-80GB-HBM3"))
+    budgets = GPUBudgets()
+    budgets.observe(gpu_budget(4, product="NVIDIA-A100-SXM4-80GB"))
+    kube = Kube(cache)
+    missing = run(kube, cache, budgets, "chat")
+    assert missing["message"].startswith("GPUBudget nowhere does not exist (spec.autoscaling.budget.name)")
+    other = run(kube, cache, budgets, "h100")
+    assert other["admitted"] is False
+    assert other["message"].startswith(
+        "spec.resources.gpu.product NVIDIA-H100-80GB-HBM3 is not GPUBudget pool's product "
+        "NVIDIA-A100-SXM4-80GB"
+    )
+
+
+def test_budgets_that_cannot_be_read_bound_nothing_and_say_so() -> None:
+    cache, budgets, _, kube = fleet()
+    budgets.known = False
+    status = run(kube, cache, budgets, "chat")
+    assert status["admitted"] is False and kube.max_replicas("chat") == 4
+    assert "cannot read GPUBudgets" in status["message"]
+
+
+def test_a_budget_smaller_than_the_guarantees_is_a_problem_naming_spec_gpus() -> None:
+    cache, budgets, _, kube = fleet(gpus=1)
+    run(kube, cache, budgets, "chat")
+    [problem] = kube.budget_statuses[-1]["problems"]
+    assert problem.startswith("spec.gpus: 1 GPUs cannot cover the members' guaranteed replicas")
+
+
+def test_label_selectors_as_kubernetes_reads_them() -> None:
+    labels = {"team": "search", "tier": "prod"}
+    assert selects({}, labels) and not selects(None, labels)
+    assert selects({"matchLabels": {"team": "search"}}, labels)
+    assert not selects({"matchLabels": {"team": "ads"}}, labels)
+    expressions = [
+        ({"key": "tier", "operator": "In", "values": ["prod", "staging"]}, True),
+        ({"key": "tier", "operator": "NotIn", "values": ["prod"]}, False),
+        ({"key": "gpu", "operator": "Exists"}, False),
+        ({"key": "gpu", "operator": "DoesNotExist"}, True),
+    ]
+    for requirement, expected in expressions:
+        assert selects({"matchExpressions": [requirement]}, labels) is expected, requirement
