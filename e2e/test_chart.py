@@ -31,6 +31,7 @@ from e2e.lab.addons import wait_established
 from e2e.lab.chartenv import (
     CHART,
     CRD_NAME,
+    CRD_NAMES,
     ChartOperator,
     adopt_crd,
     condition,
@@ -420,8 +421,8 @@ def test_uninstall_leaves_nothing_behind_but_the_kept_crd(
         ).stdout.split()
 
     # The operator's pod goes after its Deployment (the garbage collector, then the kubelet's grace period).
-    kept = [f"customresourcedefinition.apiextensions.k8s.io/{CRD_NAME}"]
-    wait_until(lambda: labelled() == kept, "only the kept CRD to be left", timeout=120, interval=1)
+    kept = sorted(f"customresourcedefinition.apiextensions.k8s.io/{name}" for name in CRD_NAMES)
+    wait_until(lambda: sorted(labelled()) == kept, "only the kept CRDs to be left", timeout=120, interval=1)
     assert not helm(cluster, "list", "-n", release_ns, "-q").stdout.strip()
 
 
@@ -431,4 +432,9 @@ def test_uninstall_with_keep_off_deletes_the_crd(cluster: Cluster, release_ns: s
     crd = kubectl_json(cluster, "get", "crd", CRD_NAME)
     assert "helm.sh/resource-policy" not in (crd["metadata"].get("annotations") or {})
     helm(cluster, "uninstall", RELEASE, "-n", release_ns, "--wait")
-    wait_until(lambda: not exists(cluster, "crd", "", CRD_NAME), "the CRD to be deleted", timeout=60)
+    for name in CRD_NAMES:
+        wait_until(
+            lambda name=name: not exists(cluster, "crd", "", name),
+            f"the CRD {name} to be deleted",
+            timeout=60,
+        )

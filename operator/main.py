@@ -44,6 +44,7 @@ from pagoda.operator.reconcile.rollouts import DEFAULT_MAX_CONCURRENT, FleetRoll
 from pagoda.operator.resources import DEFAULT_RUNTIME_IMAGE, OperatorSettings
 from pagoda.operator.status.nodes import NODE_KIND
 
+WAKE_DELAY_S = 0.5  # a GPUBudget member's pass queued by another's (reconcile/gpubudget.py)
 log = logging.getLogger("pagoda.operator")
 
 
@@ -320,8 +321,10 @@ async def reconcile_all(
     executor = ThreadPoolExecutor(max_workers=args.workers, thread_name_prefix="reconcile")
     loop = asyncio.get_running_loop()
 
-    def wake(key: tuple[str, str]) -> None:  # from a pass's thread: the queue is the event loop's
-        loop.call_soon_threadsafe(queue.add, key)
+    def wake(key: tuple[str, str]) -> None:
+        """From a pass's thread (the queue is the event loop's), a moment later: wakes of one member by
+        several others' passes become one pass, and two members can never wake each other in a tight loop."""
+        loop.call_soon_threadsafe(queue.add_after, key, WAKE_DELAY_S)
 
     budgets = GPUBudgets(wake=wake)
     # A GPUBudget is the cluster's: only an operator that watches every namespace applies them.

@@ -178,7 +178,9 @@ class GPUBudgets:
             )
         members: list[Member] = []
         refused: dict[Key, str] = {}
-        for other_key, other_spec in members_named(cache, ref.name):
+        named = {k: s for k, s in members_named(cache, ref.name) if k != key}
+        named[key] = spec  # its own spec as this pass read it (the cache's copy may be older)
+        for other_key, other_spec in sorted(named.items()):
             reason = self._refusal(kube, ref.name, budget, pool, other_key, other_spec)
             if reason is not None:
                 refused[other_key] = reason
@@ -187,8 +189,6 @@ class GPUBudgets:
         if key in refused:
             self._write_status(kube, ref.name, pool, members, refused)
             return _refused(ref.name, spec, asked, refused[key])
-        if all(m.key != key for m in members):  # its own spec newer than the cache's copy
-            members.append(member(cache, key, spec))
         target = gpubudget.allocate(pool.gpus, members)
         limits = gpubudget.hand_over(pool.gpus, members, target)
         self._wake_behind(cache, key, limits)
