@@ -132,9 +132,11 @@ def test_a_busy_high_priority_service_takes_a_replica_the_low_one_hands_over_fir
         and "1 of its allocated replicas wait for another member's drain" in held["message"]
     ), held
     assert max_replicas(raw, namespace, "chat") == 1  # batch's second pod still holds its GPU
-    batch = share(kube, namespace, "batch")
-    assert batch["message"].startswith(
-        f"budget {pool} is full (3 of 3 GPUs): {namespace}/chat (priority 100)"
+    # batch's status says why, written by its own pass (a moment after its ScaledObject, when the pass holds
+    # the status for the Deployment controller's report).
+    full = f"budget {pool} is full (3 of 3 GPUs): {namespace}/chat (priority 100)"
+    wait_until(
+        lambda: share(kube, namespace, "batch").get("message", "").startswith(full), "batch's reason", 60
     )
     events = client.CoreV1Api(cluster_api).list_namespaced_event(
         namespace, field_selector="reason=BudgetScaledIn"
