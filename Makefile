@@ -222,6 +222,10 @@ bench-slo: venv guidellm ## Goodput at the SLO: the engine settings profile --tu
 bench-slo-ramp: venv tools packages images ## The autoscaler on a load ramp: metric SLO vs the fixed default target, on the real node (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_slo_ramp.py
 
+.PHONY: bench-budget
+bench-budget: venv tools packages images ## GPU budget vs fixed shares: two services, two peaks of the high-priority one's load, on the real node (docs/benchmarks.md).
+	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_budget.py
+
 .PHONY: bench-routing
 bench-routing: venv tools packages images ## Routing benchmark: GIE's endpoint picker vs round-robin through one Envoy, 3 real replicas (docs/benchmarks.md).
 	PAGODA_BIN=$(BIN) $(PY) benchmarks/bench_routing.py

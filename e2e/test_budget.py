@@ -8,22 +8,19 @@ services' pods (Pending and terminating ones included) never hold more than the 
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
 import pytest
 import yaml
 
-from e2e.lab import _objects
 from e2e.lab.chartenv import ChartOperator
 from e2e.lab.cluster import Cluster
 from e2e.lab.observability import Load
 from e2e.lab.processes import WaitTimeout, wait_until
-from e2e.lab.realpods import get_json, isvc, service_url, wait_condition
-from e2e.lab.samples import tiny_sample
+from e2e.lab.realpods import Holding, get_json, isvc, service_url, wait_condition
+from e2e.lab.samples import gpu_budget, tiny_sample
 from e2e.lab.stack import Stack
-from pagoda.operator.resources.meta import OWNER_LABEL
 
 pytestmark = pytest.mark.e2e
 
@@ -50,45 +47,6 @@ def budgeted_sample(namespace: str, name: str, budget: str) -> dict[str, Any]:
     return sample
 
 
-class Holding(threading.Thread):
-    """Every second: each service's pods that hold a GPU (not Succeeded or Failed: Pending and terminating
-    ones count) and its ScaledObject's maxReplicaCount, from the API server."""
-
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        super().__init__(daemon=True)
-        self.api = cluster.api_client()
-        self.namespace = namespace
-        self.samples: list[dict[str, tuple[int, int | None]]] = []
-        self.stopping = threading.Event()
-
-    def sample(self) -> dict[str, tuple[int, int | None]]:
-        out = {}
-        for name in SERVICES:
-            path = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={OWNER_LABEL}%3D{name}"
-            _, pods = _objects.request(self.api, "GET", path)
-            holding = [p for p in pods["items"] if p["status"].get("phase") not in ("Succeeded", "Failed")]
-            scaled_path = f"/apis/keda.sh/v1alpha1/namespaces/{self.namespace}/scaledobjects/{name}"
-            status, scaled = _objects.request(self.api, "GET", scaled_path)
-            limit = int(scaled["spec"]["maxReplicaCount"]) if status == 200 else None
-            out[name] = (len(holding), limit)
-        return out
-
-    def run(self) -> None:
-        while not self.stopping.wait(1.0):
-            try:
-                self.samples.append(self.sample())
-            except Exception as exc:  # noqa: BLE001 - one lost sample is not a failed run
-                print(f"sample failed: {exc!r}", flush=True)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.join(timeout=30)
-        self.api.close()
-
-    def last(self, name: str) -> tuple[int, int | None]:
-        return self.samples[-1][name] if self.samples else (0, None)
-
-
 def ready(cluster: Cluster, namespace: str, name: str) -> int:
     deployment = get_json(cluster, "deployment", name, "-n", namespace)
     return int((deployment.get("status") or {}).get("readyReplicas") or 0)
@@ -100,23 +58,8 @@ def test_a_busy_high_priority_service_takes_a_gpu_the_low_one_hands_over_through
 ) -> None:
     cluster = stack.cluster
     budget = f"team-{namespace[-6:]}"
-    cluster.kubectl(
-        "apply",
-        "-f",
-        "-",
-        input=yaml.safe_dump(
-            {
-                "apiVersion": "pagoda.dev/v1alpha1",
-                "kind": "GPUBudget",
-                "metadata": {"name": budget},
-                "spec": {
-                    "gpus": GPUS,
-                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-                },
-            }
-        ),
-    )
-    holding = Holding(cluster, namespace)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(gpu_budget(budget, GPUS, namespace)))
+    holding = Holding(cluster, namespace, SERVICES)
     loads: dict[str, Load] = {}
     try:
         for name in SERVICES:

@@ -41,7 +41,7 @@ from e2e.lab.observability import (
 )
 from e2e.lab.processes import wait_until
 from e2e.lab.realpods import get_json, pods, service_url, wait_condition
-from e2e.lab.samples import tiny_sample
+from e2e.lab.samples import gpu_budget, tiny_sample
 from e2e.lab.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -161,14 +161,23 @@ def reconciling_operator(
     prometheus: PrometheusAt, cluster: Cluster, operator: ChartOperator
 ) -> Iterator[None]:
     """The chart's operator reconciling a good and a broken InferenceService (missing Secret), scraped
-    through the chart's ServiceMonitor."""
+    through the chart's ServiceMonitor; the good one is the member of a GPUBudget, so that the budget panels
+    have a series."""
     namespace = f"obs-{int(time.time())}"
     cluster.kubectl("create", "namespace", namespace)
     sample = tiny_sample(namespace)
     broken = json.loads(json.dumps(sample))
     broken["metadata"]["name"] = "tiny-broken"
     broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([sample, broken]))
+    budget = gpu_budget(namespace, 2, namespace)
+    sample["spec"].pop("replicas", None)
+    sample["spec"]["autoscaling"] = {  # its pods are kwok's: nothing to scrape, no ServiceMonitor
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "metricsSource": "External",
+        "budget": {"name": namespace, "priority": 0},
+    }
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([budget, sample, broken]))
     try:
         wait_until(
             lambda: (
@@ -185,9 +194,19 @@ def reconciling_operator(
             timeout=120,
             interval=1,
         )
+        wait_until(
+            lambda: prometheus.query(
+                f'pagoda_budget_replicas{{service="pagoda-metrics", budget="{namespace}", '
+                'measure="allocated"} >= 1'
+            ),
+            f"the budget {namespace}'s allocation in Prometheus",
+            timeout=120,
+            interval=1,
+        )
         yield
     finally:
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        cluster.kubectl("delete", "gpubudget", namespace, "--wait=false", check=False)
 
 
 # The LoRA panels' counters exist only on a runtime serving adapters (docs/lora.md#metrics).
@@ -281,6 +300,9 @@ def test_operator_dashboard_panels_have_data(
     assert "SecretNotFound" in {r["metric"]["reason"] for r in errors}
     assert value(results[("Reconcile latency", "p99")]) > 0
     assert value(results[("Operator up", "up")]) == 1
+    budget_series = "{{budget}}: {{member_namespace}}/{{member}} "
+    assert value(results[("GPU budget: demand vs allocated", budget_series + "allocated")]) >= 1
+    assert value(results[("GPU budget: limit vs holding", budget_series + "limit")]) >= 1
 
 
 def test_chart_alert_rules_evaluate_on_real_data(

@@ -52,8 +52,9 @@ BUDGET_REPLICAS = Gauge(
     "pagoda_budget_replicas",
     "Each GPUBudget member's replicas: `demand` (what its autoscaler asks for, up to maxReplicas), "
     "`allocated` (what the budget gives it), `limit` (its ScaledObject's maxReplicaCount now), `holding` "
-    "(pods holding GPUs), as of the last pass of one of the budget's members.",
-    ["budget", "namespace", "service", "measure"],
+    "(pods holding GPUs), as of the last pass of one of the budget's members. The member is "
+    "`member_namespace`/`member`: a scrape's own `namespace` and `service` labels name the operator's.",
+    ["budget", "member_namespace", "member", "measure"],
 )
 PROFILES_QUEUED = Gauge(
     "pagoda_operator_profiles_queued",

@@ -132,7 +132,9 @@ class Cluster:
         cmd = [str(self.bin_dir / "kubectl"), f"--kubeconfig={self.kubeconfig}", *args]
         proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
-            raise subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
+            error = subprocess.CalledProcessError(proc.returncode, cmd, proc.stdout, proc.stderr)
+            error.add_note(f"kubectl said: {proc.stderr.strip()[-2000:]}")  # a test's report shows why
+            raise error
         return proc
 
     def rollout_status(self, namespace: str, deployment: str, timeout: float) -> None:

@@ -9,12 +9,14 @@ import itertools
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import httpx
 import yaml
 
+from e2e.lab import _objects
 from e2e.lab.cluster import Cluster
 from e2e.lab.podnet import REAL_SUBNETS
 from e2e.lab.processes import free_ports, http_ok, wait_until
@@ -181,6 +183,59 @@ class Terminations:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=15)
+
+
+class Holding(threading.Thread):
+    """Every second: each of `services`' pods that hold a GPU (not Succeeded or Failed: Pending and
+    terminating ones count) and its ScaledObject's maxReplicaCount (None without one), from the API server;
+    `times[i]` is when `samples[i]` was taken (monotonic). e2e/test_budget.py, benchmarks/bench_budget.py."""
+
+    def __init__(self, cluster: Cluster, namespace: str, services: Iterable[str]) -> None:
+        super().__init__(daemon=True)
+        self.api = cluster.api_client()
+        self.namespace, self.services = namespace, tuple(services)
+        self.samples: list[dict[str, tuple[int, int | None]]] = []
+        self.times: list[float] = []
+        self.stopping = threading.Event()
+
+    def sample(self) -> dict[str, tuple[int, int | None]]:
+        out = {}
+        for name in self.services:
+            path = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={OWNER_LABEL}%3D{name}"
+            _, found = _objects.request(self.api, "GET", path)
+            holding = [p for p in found["items"] if p["status"].get("phase") not in ("Succeeded", "Failed")]
+            scaled_path = f"/apis/keda.sh/v1alpha1/namespaces/{self.namespace}/scaledobjects/{name}"
+            status, scaled = _objects.request(self.api, "GET", scaled_path)
+            limit = int(scaled["spec"]["maxReplicaCount"]) if status == 200 else None
+            out[name] = (len(holding), limit)
+        return out
+
+    def run(self) -> None:
+        while not self.stopping.wait(1.0):
+            try:
+                self.samples.append(self.sample())
+                self.times.append(time.monotonic())
+            except Exception as exc:  # noqa: BLE001 - one lost sample is not a failed run
+                print(f"sample failed: {exc!r}", flush=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=30)
+        self.api.close()
+
+    def last(self, name: str) -> tuple[int, int | None]:
+        return self.samples[-1][name] if self.samples else (0, None)
+
+    def gpu_seconds(self, start: float, end: float, service: str | None = None) -> int:
+        """Pods holding a GPU (of `service`, or of all), summed over the samples between `start` and `end`
+        (one a second)."""
+        return sum(
+            count
+            for at, sample in zip(self.times, self.samples, strict=True)
+            if start <= at <= end
+            for name, (count, _) in sample.items()
+            if service in (None, name)
+        )
 
 
 class ServiceEndpoints:

@@ -20,3 +20,16 @@ def tiny_sample(namespace: str, name: str = "tiny", *, real_pods: bool = False) 
     if not real_pods:
         obj["spec"]["scheduling"] = copy.deepcopy(_objects.KWOK_SCHEDULING)
     return obj
+
+
+def gpu_budget(name: str, gpus: int, namespace: str) -> dict[str, Any]:
+    """A GPUBudget `name` of `gpus` GPUs for the InferenceServices of one namespace (docs/budget.md)."""
+    return {
+        "apiVersion": "pagoda.dev/v1alpha1",
+        "kind": "GPUBudget",
+        "metadata": {"name": name},
+        "spec": {
+            "gpus": gpus,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        },
+    }

@@ -1,10 +1,11 @@
 """Tier 3: a smoke run of each benchmark that starts engines of its own (runtime_vs_vllm.py,
-engine_processes.py, bench_lora.py) or a cluster (bench_routing.py, bench_slo_ramp.py), so that none can stop
-working unseen: each runs as a subprocess with `--smoke-url` against the tier's shared runtime (and
-`--smoke-pid`, its process tree), the smallest sizes, through the same measuring, statistics and report code
-as the full run, in seconds. Every side is that one server, so the numbers are only checked to be measured
-(positive), never compared; what only servers of the benchmark's own can show (start-up, greedy equality
-across sides, the cluster's KV cache sizing, replicas) must be reported as not measured, not filled in."""
+engine_processes.py, bench_lora.py) or a cluster (bench_routing.py, bench_slo_ramp.py, bench_budget.py), so
+that none can stop working unseen: each runs as a subprocess with `--smoke-url` against the tier's shared
+runtime (and `--smoke-pid`, its process tree), the smallest sizes, through the same measuring, statistics and
+report code as the full run, in seconds. Every side is that one server, so the numbers are only checked to be
+measured (positive), never compared; what only servers of the benchmark's own can show (start-up, greedy
+equality across sides, the cluster's KV cache sizing, replicas, GPUs) must be reported as not measured, not
+filled in."""
 
 from __future__ import annotations
 
@@ -115,3 +116,15 @@ def test_bench_slo_ramp_load(server: RuntimeProcess, tmp_path: Path) -> None:
     assert given["failed"] == 0 and given["completed"] > 0, given
     assert 0 <= given["attainment"] <= 1 and given["ttft_p95_ms"] > 0 and given["itl_p95_ms"] > 0, given
     assert report["ramp"] == [1, 2] and report["shape"] == {"promptTokens": 128, "outputTokens": 32}
+
+
+def test_bench_budget_load(server: RuntimeProcess, tmp_path: Path) -> None:
+    """The two services' loads (batch's steady, chat's two peaks) and chat's attainment; the budget's pods
+    need a cluster."""
+    report = smoke("bench_budget.py", server, tmp_path / "bench-budget.json")
+    assert report["smoke"]["not_measured"] == {"gpus": "no pods: the given server is both services"}
+    (given,) = report["runs"]["given"]
+    assert given["failed"] == 0 and given["chat_completed"] > 0 and given["batch_completed"] > 0, given
+    assert 0 <= given["chat_attainment"] <= 1 and given["chat_attainment_peaks"] is not None, given
+    assert "gpu_seconds" not in given and report["summary"]["given"]["batch_completed"]["median"] > 0
+    assert report["pattern"]["phases"] == ["valley", "peak", "valley", "peak", "valley"]

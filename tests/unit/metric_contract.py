@@ -46,5 +46,6 @@ OPERATOR_METRICS = frozenset(
         "pagoda_operator_reconcile_errors_total",
         "pagoda_operator_queue_depth",
         "pagoda_operator_reconciles_in_progress",
+        "pagoda_budget_replicas",
     }
 )
