@@ -62,6 +62,19 @@ class NamespaceSelector(ApiModel):
     )
 
 
+class PriorityLimit(ApiModel):
+    """A grant: the highest priority the services of some namespaces may claim in this budget."""
+
+    namespace_selector: NamespaceSelector = Field(
+        description="The namespaces this limit holds for ({} selects every namespace)."
+    )
+    max_priority: int = Field(
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="The highest spec.autoscaling.budget.priority their members may claim.",
+    )
+
+
 class GPUBudgetSpec(ApiModel):
     """The pool."""
 
@@ -77,6 +90,15 @@ class GPUBudgetSpec(ApiModel):
         default=None,
         description="Whose services may join: the namespaces this selects. Unset: none may (a budget admits "
         "only the namespaces its owner names); {} selects every namespace.",
+    )
+    priority_limits: list[PriorityLimit] = Field(
+        default_factory=list,
+        max_length=32,
+        description="The budget owner's grants of priority (a service's owner sets its priority; without "
+        "these any admitted team may claim the highest). Set, a member may claim at most the highest "
+        "maxPriority of the entries that select its namespace, and 0 (the default priority) where none does; "
+        "a member above that is not admitted: it holds only its guarantee and the budget lists it under "
+        "refused. Unset: no limit.",
     )
 
 

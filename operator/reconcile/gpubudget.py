@@ -219,6 +219,22 @@ class GPUBudgets:
         selector = (budget.get("spec") or {}).get("namespaceSelector")
         if labels is None or not selects(selector, labels):
             return f"GPUBudget {name} does not admit namespace {key[0]} (its spec.namespaceSelector)"
+        assert spec.autoscaling is not None and spec.autoscaling.budget is not None
+        priority = spec.autoscaling.budget.priority
+        if pool.priority_limits:  # grants: the highest that selects the namespace, else the default (0)
+            ceiling = max(
+                (
+                    limit.max_priority
+                    for limit in pool.priority_limits
+                    if selects(limit.namespace_selector.model_dump(by_alias=True), labels)
+                ),
+                default=0,
+            )
+            if priority > ceiling:
+                return (
+                    f"spec.autoscaling.budget.priority {priority} is above {ceiling}, the most GPUBudget "
+                    f"{name} allows namespace {key[0]} (its spec.priorityLimits)"
+                )
         product = spec.resources.gpu.product
         if pool.product is not None and product != pool.product:
             return (

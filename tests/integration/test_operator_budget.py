@@ -166,3 +166,107 @@ def test_a_busy_high_priority_service_takes_a_replica_the_low_one_hands_over_fir
     # chat's load stops: batch gets its second replica back.
     demand(cluster_api, namespace, "chat", 1)
     wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's replica back", 60)
+
+
+def test_an_operator_killed_before_and_mid_hand_over_scales_in_nothing_and_finishes_it(
+    operator: OperatorProcess,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    raw: Kube,
+    namespace: str,
+    pool: str,
+) -> None:
+    """A crashed operator (SIGKILL) forgets nothing the budget needs: its successor lists the budgets before
+    its first pass and reads demand and pods from the API server. Killed while batch holds the 2 replicas it
+    was given, the new process leaves batch's limit at 2 (a restart scales nothing in); killed while batch
+    still holds the GPU chat waits for, the new one keeps chat's limit at 1; killed again, batch's pod gone
+    while no operator ran, the next one raises chat's limit. Sampled all along, each new process watched
+    through one periodic resync: chat's limit is never 2 while batch holds 2 pods, batch's never drops below
+    what it was given, and the limits never promise more than the 3 GPUs."""
+    create(kube, "chat", namespace, pool, 100)
+    create(kube, "batch", namespace, pool, 0)
+    demand(cluster_api, namespace, "chat", 1)
+    demand(cluster_api, namespace, "batch", 2)
+    wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's maxReplicaCount 2", 60)
+    scale(cluster_api, namespace, "batch", 2)
+    wait_until(lambda: pods(raw, namespace, "batch") == 2, "batch's 2 pods", 60)
+    samples: list[tuple[int | None, int | None, int]] = []  # (chat's limit, batch's limit, batch's pods)
+
+    def sample() -> tuple[int | None, int | None, int]:
+        now = (
+            max_replicas(raw, namespace, "chat"),
+            max_replicas(raw, namespace, "batch"),
+            pods(raw, namespace, "batch"),
+        )
+        samples.append(now)
+        return now
+
+    def restart(what: str) -> tuple[int | None, int | None, int]:
+        """A new operator process, sampled until its first periodic resync has passed."""
+        operator.kill()
+        operator.start()
+        wait_until(lambda: sample() and operator.resyncs() >= 1, f"{what}: a resync of the new operator", 60)
+        return sample()
+
+    try:
+        assert restart("quiet") == (1, 2, 2), samples[-5:]
+        assert all(batch == 2 for _, batch, _ in samples), samples
+
+        demand(cluster_api, namespace, "chat", 3)
+        wait_until(lambda: max_replicas(raw, namespace, "batch") == 1, "batch handing a replica over", 60)
+        assert restart("mid hand-over") == (1, 1, 2), samples[-5:]
+
+        operator.kill()
+        scale(cluster_api, namespace, "batch", 1)  # its drain ends while no operator runs
+        wait_until(lambda: pods(raw, namespace, "batch") == 1, "batch's second pod gone", 60)
+        operator.start()
+        wait_until(lambda: sample()[0] == 2, "chat's maxReplicaCount 2 from the third operator", 60)
+    finally:
+        if operator.proc is None:
+            operator.start()
+    assert all(not (chat == 2 and held == 2) for chat, _, held in samples), samples
+    assert all((chat or 0) + (batch or 0) <= GPUS for chat, batch, _ in samples), samples
+    assert max_replicas(raw, namespace, "batch") == 1
+
+
+def test_a_priority_above_the_budgets_grant_is_refused_with_the_field(
+    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
+) -> None:
+    """spec.priorityLimits through the real API server's schema: a team granted 10 that claims 100 holds its
+    guarantee and is told why; the budget lists it under refused."""
+    name = f"grants-{namespace[-6:]}"
+    body = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "GPUBudget",
+        "metadata": {"name": name},
+        "spec": {
+            "gpus": GPUS,
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+            "priorityLimits": [{"namespaceSelector": {}, "maxPriority": 10}],
+        },
+    }
+    kube.create_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, body)
+    try:
+        create(kube, "greedy", namespace, name, 100)
+        demand(cluster_api, namespace, "greedy", 3)
+        reason = (
+            f"spec.autoscaling.budget.priority 100 is above 10, the most GPUBudget {name} allows namespace "
+            f"{namespace} (its spec.priorityLimits)"
+        )
+        held = wait_until(
+            lambda: (s := share(kube, namespace, "greedy")).get("message", "").startswith(reason) and s,
+            "greedy's refusal",
+            60,
+        )
+        assert held["admitted"] is False and held["limit"] == 1, held
+        assert max_replicas(raw, namespace, "greedy") == 1
+        refused = wait_until(
+            lambda: (
+                kube.get_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, name).get("status") or {}
+            ).get("refused"),
+            "the budget's refused list",
+            60,
+        )
+        assert refused == [f"{namespace}/greedy: {reason}"], refused
+    finally:
+        kube.delete_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, name)

@@ -243,6 +243,46 @@ def test_a_service_the_budget_does_not_admit_holds_its_guarantee_and_says_why() 
     assert kube.budget_statuses[-1]["refused"][0].startswith("ns/batch: GPUBudget pool does not admit")
 
 
+def test_priority_limits_grant_priorities_by_namespace_and_refuse_a_member_above_its_grant() -> None:
+    """A team may not claim a priority its budget's owner has not granted its namespace: the highest
+    maxPriority of the entries that select it, 0 (the default) where none does."""
+    limits = [
+        {"namespaceSelector": {}, "maxPriority": 10},
+        {"namespaceSelector": {"matchLabels": {"team": "search"}}, "maxPriority": 100},
+    ]
+    labels = {"search": {"team": "search"}, "ads": {"team": "ads"}}
+    for grants, member, priority, admitted in [
+        (limits, "search", 100, True),  # its team's grant
+        (limits, "ads", 10, True),  # every namespace's
+        (limits, "ads", 50, False),
+        (limits[1:], "ads", 0, True),  # no grant selects it: the default priority only
+        (limits[1:], "ads", 1, False),
+        ([], "ads", 1_000_000, True),  # no limits set
+    ]:
+        cache = ObjectCache("InferenceService")
+        cache.observe(service("chat", priority, namespace=member))
+        cache.observe(hpa("chat", 3, namespace=member))
+        budget = gpu_budget(4)
+        budget["spec"]["priorityLimits"] = grants
+        budgets = GPUBudgets()
+        budgets.observe(budget)
+        kube = Kube(cache, labels=labels)
+        kube.budget = budget
+        status = run(kube, cache, budgets, "chat", namespace=member)
+        assert status["admitted"] is admitted, (grants, member, priority, status)
+        if admitted:
+            assert status["limit"] == 3 and kube.budget_statuses[-1]["refused"] == []
+            continue
+        ceiling = 10 if len(grants) == 2 else 0
+        reason = (
+            f"spec.autoscaling.budget.priority {priority} is above {ceiling}, the most GPUBudget pool allows "
+            f"namespace {member} (its spec.priorityLimits)"
+        )
+        assert status["limit"] == 1, status
+        assert status["message"] == f"{reason}: it holds only its guarantee, minReplicas", status
+        assert kube.budget_statuses[-1]["refused"] == [f"{member}/chat: {reason}"]
+
+
 def test_a_missing_budget_or_another_product_is_named() -> None:
     cache = ObjectCache("InferenceService")
     cache.observe(service("chat", 1, budget="nowhere"))
