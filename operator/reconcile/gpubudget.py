@@ -350,14 +350,24 @@ def member(cache: ObjectCache, key: Key, spec: InferenceServiceSpec) -> Member:
         for (kind, _), child in cache.children(*key).items()
         if kind == "Pod" and (child.get("status") or {}).get("phase") not in ENDED_PHASES
     ]
+    children = cache.children(*key)
+    hpa = _hpa(cache, key)
+    scaled = children.get(("ScaledObject", key[1]))
+    deployment = children.get(("Deployment", key[1]))
+    committed = max(
+        int(((scaled or {}).get("spec") or {}).get("maxReplicaCount") or 0),
+        int(((hpa or {}).get("spec") or {}).get("maxReplicas") or 0),
+        int(((deployment or {}).get("spec") or {}).get("replicas") or 0),
+    )
     return Member(
         key=key,
         priority=spec.autoscaling.budget.priority,
         gpus=spec.resources.gpu.count,
         guaranteed=spec.autoscaling.min_replicas,
         ceiling=spec.autoscaling.max_replicas,
-        demand=gpubudget.demand(_hpa(cache, key), spec.autoscaling.min_replicas),
+        demand=gpubudget.demand(hpa, spec.autoscaling.min_replicas),
         holding=len(pods),
+        committed=committed,
     )
 
 

@@ -12,8 +12,10 @@ Two steps, each a pure function of what the pass reads:
   (its demand met, or its replicas too large for what is left) go to lower ones.
 - `hand_over`: each member's **limit** now, the maxReplicaCount to apply. A target below what a member holds
   applies at once: its HPA scales it in through the normal drain (requests finish, its PodDisruptionBudget is
-  honoured). A target above it is granted only into GPUs that are free now (held by no member's pod, a
-  terminating one included), highest priority first: the other member's scale-in comes first, and the
+  honoured). A target above it is granted only into GPUs that are free now, highest priority first: held by
+  no member's pod (a terminating one included) and promised to no member's autoscaler (`committed`: a
+  lowered maxReplicaCount frees nothing until KEDA's HPA and the Deployment have taken it, or the member
+  could still scale up into the GPU it is handing over). So the other member's scale-in comes first, and the
   scheduler never has to preempt anything. A member's limit is never below its guarantee (KEDA needs
   maxReplicaCount >= minReplicaCount), nor below 1.
 
@@ -43,6 +45,14 @@ class Member:
     ceiling: int  # the most it ever may hold (spec.autoscaling.maxReplicas)
     demand: int  # replicas its autoscaler asks for now (the HPA's desiredReplicas)
     holding: int = 0  # replicas whose pods hold GPUs now (Running or Pending, terminating included)
+    # Replicas its autoscaler may already scale to: the most of its ScaledObject's maxReplicaCount as applied,
+    # KEDA's HPA's maxReplicas and the Deployment's replicas (0: none of them exists yet).
+    committed: int = 0
+
+    @property
+    def reserved(self) -> int:
+        """Replicas whose GPUs are this member's until it scales in: held, or promised to its autoscaler."""
+        return max(self.holding, self.committed)
 
 
 def problems(capacity: int, members: list[Member]) -> list[str]:
@@ -93,16 +103,16 @@ def allocate(capacity: int, members: list[Member]) -> dict[Key, int]:
 def hand_over(capacity: int, members: list[Member], target: dict[Key, int]) -> dict[Key, int]:
     """Each member's maxReplicaCount now, on the way to `target` (see the module's docstring)."""
     limit: dict[Key, int] = {}
-    free = capacity - sum(m.holding * m.gpus for m in members)
+    free = capacity - sum(m.reserved * m.gpus for m in members)
     for m in sorted(members, key=lambda m: (-m.priority, m.key)):
         want = target[m.key]
-        if want <= m.holding:
-            limit[m.key] = want  # scale in (or hold): the HPA drains what is over
+        if want <= m.reserved:
+            limit[m.key] = want  # scale in (or hold): the HPA drains what is over; freed once it has
             continue
-        room = max(0, free) // m.gpus if m.gpus else want - m.holding
-        grant = min(want - m.holding, room)
+        room = max(0, free) // m.gpus if m.gpus else want - m.reserved
+        grant = min(want - m.reserved, room)
         free -= grant * m.gpus
-        limit[m.key] = m.holding + grant
+        limit[m.key] = m.reserved + grant
     return {m.key: max(limit[m.key], m.guaranteed, 1) for m in members}
 
 

@@ -3,12 +3,14 @@ pool of 3 GPUs; the high-priority one's demand makes the low one hand a replica 
 limit rises only once the low one's pod is gone. KEDA does not run here: each service's HPA
 (keda-hpa-<name>, labelled as KEDA labels it) is made by the test, its desiredReplicas written through the
 status subresource as KEDA's HPA would have it, and its target is a Deployment that does not exist, so that
-the HPA controller changes only its conditions. The Deployments' replicas are scaled by the test as the HPA
-would scale them; their pods are never bound to a node (each one still holds its GPU: Pending pods are
-counted)."""
+the HPA controller changes only its conditions; a fake of KEDA (KedaStandIn) copies each ScaledObject's
+maxReplicaCount to its HPA's maxReplicas, the one act of KEDA's the hand-over waits for. The Deployments'
+replicas are scaled by the test as the HPA would scale them; their pods are never bound to a node (each one
+still holds its GPU: Pending pods are counted)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,13 +57,59 @@ def demand(cluster_api: Any, namespace: str, name: str, replicas: int) -> None:
             "spec": {
                 "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": f"{name}-absent"},
                 "minReplicas": 1,
-                "maxReplicas": 4,
+                "maxReplicas": 1,  # KedaStandIn gives it the ScaledObject's maxReplicaCount
             },
         }
         api.create_namespaced_horizontal_pod_autoscaler(namespace, body)
     api.patch_namespaced_horizontal_pod_autoscaler_status(
         hpa, namespace, {"status": {"currentReplicas": 1, "desiredReplicas": replicas}}
     )
+
+
+class KedaStandIn(threading.Thread):
+    """A fake of KEDA (which does not run in tier 2) for its one act the budget's hand-over depends on: every
+    0.2 s, each ScaledObject's maxReplicaCount in `namespace` copied to its HPA's spec.maxReplicas, as KEDA's
+    reconcile of the ScaledObject does. Until it has, the member's autoscaler may still scale up to the old
+    maximum, so the GPUs it hands over are not free (operator/status/gpubudget.py `hand_over`)."""
+
+    def __init__(self, cluster_api: Any, namespace: str) -> None:
+        super().__init__(daemon=True)
+        self.objects = client.CustomObjectsApi(cluster_api)
+        self.hpas = client.AutoscalingV2Api(cluster_api)
+        self.namespace = namespace
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.2):
+            scaled = self.objects.list_namespaced_custom_object(
+                "keda.sh", "v1alpha1", self.namespace, "scaledobjects"
+            )
+            for obj in scaled["items"]:
+                name, limit = obj["metadata"]["name"], obj["spec"].get("maxReplicaCount")
+                try:
+                    hpa = self.hpas.read_namespaced_horizontal_pod_autoscaler(
+                        f"keda-hpa-{name}", self.namespace
+                    )
+                except client.ApiException as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+                if limit is not None and hpa.spec.max_replicas != limit:
+                    self.hpas.patch_namespaced_horizontal_pod_autoscaler(
+                        f"keda-hpa-{name}", self.namespace, {"spec": {"maxReplicas": limit}}
+                    )
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=10)
+
+
+@pytest.fixture
+def keda(cluster_api: Any, namespace: str) -> Iterator[KedaStandIn]:
+    standin = KedaStandIn(cluster_api, namespace)
+    standin.start()
+    yield standin
+    standin.stop()
 
 
 def scale(cluster_api: Any, namespace: str, name: str, replicas: int) -> None:
@@ -110,6 +158,7 @@ def test_a_busy_high_priority_service_takes_a_replica_the_low_one_hands_over_fir
     raw: Kube,
     namespace: str,
     pool: str,
+    keda: KedaStandIn,
 ) -> None:
     create(kube, "chat", namespace, pool, 100)
     create(kube, "batch", namespace, pool, 0)
@@ -175,6 +224,7 @@ def test_an_operator_killed_before_and_mid_hand_over_scales_in_nothing_and_finis
     raw: Kube,
     namespace: str,
     pool: str,
+    keda: KedaStandIn,
 ) -> None:
     """A crashed operator (SIGKILL) forgets nothing the budget needs: its successor lists the budgets before
     its first pass and reads demand and pods from the API server. Killed while batch holds the 2 replicas it
@@ -230,7 +280,12 @@ def test_an_operator_killed_before_and_mid_hand_over_scales_in_nothing_and_finis
 
 
 def test_a_priority_above_the_budgets_grant_is_refused_with_the_field(
-    operator: OperatorProcess, kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str
+    operator: OperatorProcess,
+    kube: client.CustomObjectsApi,
+    cluster_api: Any,
+    raw: Kube,
+    namespace: str,
+    keda: KedaStandIn,
 ) -> None:
     """spec.priorityLimits through the real API server's schema: a team granted 10 that claims 100 holds its
     guarantee and is told why; the budget lists it under refused."""

@@ -53,8 +53,9 @@ def gpu_budget(gpus: int, selector: Obj | None = None, product: str | None = Non
     }
 
 
-def hpa(name: str, desired: int, namespace: str = "ns") -> Obj:
-    """KEDA's HPA of `name`, asking for `desired` replicas."""
+def hpa(name: str, desired: int, namespace: str = "ns", max_replicas: int = 4, version: int = 5) -> Obj:
+    """KEDA's HPA of `name`, asking for `desired` replicas; `max_replicas`: the maxReplicaCount KEDA last
+    applied to it from the ScaledObject."""
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
@@ -62,10 +63,10 @@ def hpa(name: str, desired: int, namespace: str = "ns") -> Obj:
             "name": f"keda-hpa-{name}",
             "namespace": namespace,
             "uid": f"hpa-{name}",
-            "resourceVersion": "5",
+            "resourceVersion": str(version),
             "labels": {"pagoda.dev/inferenceservice": name, "app.kubernetes.io/managed-by": MANAGED_BY},
         },
-        "spec": {"maxReplicas": 4, "minReplicas": 1},
+        "spec": {"maxReplicas": max_replicas, "minReplicas": 1},
         "status": {"currentReplicas": 1, "desiredReplicas": desired},
     }
 
@@ -155,9 +156,9 @@ def fleet(gpus: int = 4) -> tuple[ObjectCache, GPUBudgets, list[tuple[str, str]]
 
 def test_a_busy_high_priority_member_takes_gpus_only_after_the_lower_one_drains() -> None:
     cache, budgets, woken, kube = fleet()
-    cache.observe(hpa("batch", 3))
+    cache.observe(hpa("batch", 3, max_replicas=3))
     pods(cache, "batch", 3)
-    cache.observe(hpa("chat", 1))
+    cache.observe(hpa("chat", 1, max_replicas=1))
     pods(cache, "chat", 1)
     # Quiet: batch gets the 3 it asks for, chat its 1.
     assert run(kube, cache, budgets, "batch")["limit"] == 3
@@ -172,7 +173,7 @@ def test_a_busy_high_priority_member_takes_gpus_only_after_the_lower_one_drains(
     }
     # Load on chat: it asks for 3. The budget gives it 3, batch 1; batch's limit drops at once, chat's
     # rises only into free GPUs (none yet: batch's 3 pods still hold them).
-    cache.observe({**hpa("chat", 3), "metadata": {**hpa("chat", 3)["metadata"], "resourceVersion": "6"}})
+    cache.observe(hpa("chat", 3, max_replicas=1, version=6))
     chat = run(kube, cache, budgets, "chat")
     assert (chat["allocated"], chat["limit"]) == (3, 1), chat
     assert chat["message"] == (
@@ -187,8 +188,12 @@ def test_a_busy_high_priority_member_takes_gpus_only_after_the_lower_one_drains(
     )
     [event] = [e for e in kube.events if e["reason"] == "BudgetScaledIn"]
     assert event["involvedObject"]["name"] == "batch" and "maxReplicaCount 3 -> 1" in event["message"]
-    # batch's HPA drains two replicas: their GPUs are free, chat's limit rises to 3.
+    # batch's pods are gone, but KEDA has not yet given its HPA the lower maxReplicas: batch could still
+    # scale back up into them, so chat's limit waits.
     pods(cache, "batch", 1)
+    assert run(kube, cache, budgets, "chat")["limit"] == 1
+    # KEDA applies batch's maxReplicaCount 1 to its HPA: the GPUs are free, chat's limit rises to 3.
+    cache.observe(hpa("batch", 3, max_replicas=1, version=7))
     assert run(kube, cache, budgets, "chat")["limit"] == 3 and kube.max_replicas("chat") == 3
     assert any(e["reason"] == "BudgetScaledOut" for e in kube.events)
     status = kube.budget_statuses[-1]
@@ -198,8 +203,27 @@ def test_a_busy_high_priority_member_takes_gpus_only_after_the_lower_one_drains(
     ]
     assert status["gpusAllocated"] == 4 and status["problems"] == []
     # chat's load stops: batch gets its replicas back.
-    cache.observe({**hpa("chat", 1), "metadata": {**hpa("chat", 1)["metadata"], "resourceVersion": "7"}})
+    cache.observe(hpa("chat", 1, max_replicas=3, version=8))
     assert run(kube, cache, budgets, "batch")["allocated"] == 3
+
+
+def test_a_gpu_promised_to_a_members_autoscaler_is_not_free_until_it_takes_the_lower_limit() -> None:
+    """The race the bench found (docs/benchmarks.md, bench-budget): batch, given a second replica it had not
+    started yet (its ScaledObject and HPA at 2, one pod), hands it over when chat's load comes. Its pod count
+    says a GPU is free, but its HPA may still start that replica until KEDA gives it maxReplicas 1, so chat's
+    limit must not rise before: with it, 4 pods held 3 GPUs at once."""
+    cache, budgets, _, kube = fleet(gpus=3)
+    cache.observe(hpa("batch", 2, max_replicas=2))
+    pods(cache, "batch", 1)
+    cache.observe(hpa("chat", 1, max_replicas=1))
+    pods(cache, "chat", 1)
+    assert run(kube, cache, budgets, "batch")["limit"] == 2  # applied: batch's ScaledObject at 2
+    cache.observe(hpa("chat", 2, max_replicas=1, version=6))  # chat's load
+    assert run(kube, cache, budgets, "chat")["limit"] == 1
+    assert run(kube, cache, budgets, "batch")["limit"] == 1  # its ScaledObject lowered; its HPA not yet
+    assert run(kube, cache, budgets, "chat")["limit"] == 1
+    cache.observe(hpa("batch", 2, max_replicas=1, version=7))  # KEDA applied it: nothing can start now
+    assert run(kube, cache, budgets, "chat")["limit"] == 2
 
 
 def test_a_demand_the_limit_holds_back_is_read_from_the_hpas_metrics() -> None:
