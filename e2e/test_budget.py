@@ -122,9 +122,11 @@ def test_a_busy_high_priority_service_takes_a_gpu_the_low_one_hands_over_through
         assert load.completed > 20, (name, load.completed)
     held = [sum(count for count, _ in sample.values()) for sample in holding.samples]
     over = [i for i, total in enumerate(held) if total > GPUS]
-    # On failure: each service's (GPU-holding pods, maxReplicaCount) from 5 s before the first second over.
+    # On failure: each service's (GPU-holding pods, maxReplicaCount) and (demand, allocated) from 5 s before
+    # the first second over.
     assert held, "no sample of the pods"
-    assert not over, (max(held), over[:10], holding.samples[max(0, over[0] - 5) : over[0] + 3])
+    around = slice(max(0, over[0] - 5), over[0] + 3) if over else slice(0)
+    assert not over, (max(held), over[:10], holding.samples[around], holding.shares[around])
     # The hand-over happened in that order: batch's limit dropped before chat's rose, and chat's rose only
     # once batch held one GPU.
     limits = [(s["batch"][1], s["chat"][1], s["batch"][0]) for s in holding.samples]

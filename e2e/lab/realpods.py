@@ -196,6 +196,8 @@ class Holding(threading.Thread):
         self.namespace, self.services = namespace, tuple(services)
         self.samples: list[dict[str, tuple[int, int | None]]] = []
         self.times: list[float] = []
+        # Beside each sample: each service's status.budget (demand, allocated), as its last pass wrote it.
+        self.shares: list[dict[str, tuple[int | None, int | None]]] = []
         self.stopping = threading.Event()
 
     def sample(self) -> dict[str, tuple[int, int | None]]:
@@ -210,11 +212,22 @@ class Holding(threading.Thread):
             out[name] = (len(holding), limit)
         return out
 
+    def share(self) -> dict[str, tuple[int | None, int | None]]:
+        out = {}
+        for name in self.services:
+            path = f"/apis/pagoda.dev/v1alpha1/namespaces/{self.namespace}/inferenceservices/{name}"
+            status, found = _objects.request(self.api, "GET", path)
+            budget = ((found.get("status") or {}).get("budget") or {}) if status == 200 else {}
+            out[name] = (budget.get("demand"), budget.get("allocated"))
+        return out
+
     def run(self) -> None:
         while not self.stopping.wait(1.0):
             try:
-                self.samples.append(self.sample())
+                sample, shares = self.sample(), self.share()
+                self.samples.append(sample)
                 self.times.append(time.monotonic())
+                self.shares.append(shares)
             except Exception as exc:  # noqa: BLE001 - one lost sample is not a failed run
                 print(f"sample failed: {exc!r}", flush=True)
 
