@@ -345,12 +345,12 @@ def _hpa(cache: ObjectCache, key: Key) -> Obj | None:
 def member(cache: ObjectCache, key: Key, spec: InferenceServiceSpec) -> Member:
     """A member as the allocation reads it, from its spec, its HPA and its pods in the cache."""
     assert spec.autoscaling is not None and spec.autoscaling.budget is not None
+    children = cache.children(*key)
     pods = [
         child
-        for (kind, _), child in cache.children(*key).items()
+        for (kind, _), child in children.items()
         if kind == "Pod" and (child.get("status") or {}).get("phase") not in ENDED_PHASES
     ]
-    children = cache.children(*key)
     hpa = _hpa(cache, key)
     scaled = children.get(("ScaledObject", key[1]))
     deployment = children.get(("Deployment", key[1]))

@@ -151,6 +151,19 @@ def pool(kube: client.CustomObjectsApi, namespace: str) -> Iterator[str]:
     kube.delete_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, name)
 
 
+def quiet_pair(kube: client.CustomObjectsApi, cluster_api: Any, raw: Kube, namespace: str, pool: str) -> None:
+    """chat (priority 100) asking for 1 and batch (0) asking for 2 in `pool`, quiet: batch gets the 2 it asks
+    for (3 GPUs: 1 guaranteed each, the third to batch), and its HPA scales it out: 2 pods hold 2 GPUs."""
+    create(kube, "chat", namespace, pool, 100)
+    create(kube, "batch", namespace, pool, 0)
+    demand(cluster_api, namespace, "chat", 1)
+    demand(cluster_api, namespace, "batch", 2)
+    wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's maxReplicaCount 2", 60)
+    assert max_replicas(raw, namespace, "chat") == 1
+    scale(cluster_api, namespace, "batch", 2)
+    wait_until(lambda: pods(raw, namespace, "batch") == 2, "batch's 2 pods", 60)
+
+
 def test_a_busy_high_priority_service_takes_a_replica_the_low_one_hands_over_first(
     operator: OperatorProcess,
     kube: client.CustomObjectsApi,
@@ -160,15 +173,7 @@ def test_a_busy_high_priority_service_takes_a_replica_the_low_one_hands_over_fir
     pool: str,
     keda: KedaStandIn,
 ) -> None:
-    create(kube, "chat", namespace, pool, 100)
-    create(kube, "batch", namespace, pool, 0)
-    demand(cluster_api, namespace, "chat", 1)
-    demand(cluster_api, namespace, "batch", 2)
-    # Quiet: batch gets the 2 it asks for (3 GPUs: 1 guaranteed each, the third to batch).
-    wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's maxReplicaCount 2", 60)
-    assert max_replicas(raw, namespace, "chat") == 1
-    scale(cluster_api, namespace, "batch", 2)  # its HPA scales it out: 2 pods hold 2 GPUs
-    wait_until(lambda: pods(raw, namespace, "batch") == 2, "batch's 2 pods", 60)
+    quiet_pair(kube, cluster_api, raw, namespace, pool)
 
     # Load on chat: the budget gives it 2, batch 1. batch's limit drops at once; chat's waits for the GPU.
     demand(cluster_api, namespace, "chat", 3)
@@ -233,13 +238,7 @@ def test_an_operator_killed_before_and_mid_hand_over_scales_in_nothing_and_finis
     while no operator ran, the next one raises chat's limit. Sampled all along, each new process watched
     through one periodic resync: chat's limit is never 2 while batch holds 2 pods, batch's never drops below
     what it was given, and the limits never promise more than the 3 GPUs."""
-    create(kube, "chat", namespace, pool, 100)
-    create(kube, "batch", namespace, pool, 0)
-    demand(cluster_api, namespace, "chat", 1)
-    demand(cluster_api, namespace, "batch", 2)
-    wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's maxReplicaCount 2", 60)
-    scale(cluster_api, namespace, "batch", 2)
-    wait_until(lambda: pods(raw, namespace, "batch") == 2, "batch's 2 pods", 60)
+    quiet_pair(kube, cluster_api, raw, namespace, pool)
     samples: list[tuple[int | None, int | None, int]] = []  # (chat's limit, batch's limit, batch's pods)
 
     def sample() -> tuple[int | None, int | None, int]:
