@@ -3,12 +3,14 @@ in the member's own pass, and the budget's status.
 
 A member's pass (a service whose spec.autoscaling.budget names a budget) reads the whole budget from the
 operator's cache: every service naming it, each one's HPA (what its autoscaler asks for: status/gpubudget.py
-`demand`) and pods (the GPUs they hold). It allocates (`allocate`, `hand_over`: pure, status/gpubudget.py)
-and applies only its own result, as its ScaledObject's maxReplicaCount (ChildInputs.budget_limit), so that
-each object keeps one writer. The others' limits are worked out too: a member whose ScaledObject does not
-have its limit yet is woken (a pass queued), which is how one member's load, or another's drained replica,
-reaches the rest. The budget's status (every member's share) is written by whichever member's pass sees it
-change. A GPUBudget's own watch event wakes its members.
+`demand`, held over the member's scale-down window by `remember` from the readings kept here, in memory: a
+restarted operator starts from the next reading) and pods (the GPUs they hold). It allocates (`allocate`,
+`hand_over`: pure, status/gpubudget.py) and applies only its own result, as its ScaledObject's
+maxReplicaCount (ChildInputs.budget_limit), so that each object keeps one writer. The others' limits are
+worked out too: a member whose ScaledObject does not have its limit yet is woken (a pass queued), which is
+how one member's load, or another's drained replica, reaches the rest. The budget's status (every member's
+share) is written by whichever member's pass sees it change. A GPUBudget's own watch event wakes its
+members.
 
 A service that names a budget the budget does not admit (its namespaceSelector, its product), or one that
 does not exist, holds its guarantee (minReplicas, at least 1) and says why in status.budget.
@@ -100,6 +102,7 @@ class GPUBudgets:
         self._lock = threading.Lock()
         self._budgets: dict[str, _Budget] = {}
         self._namespaces: dict[str, tuple[float, dict[str, str] | None]] = {}
+        self._asked: dict[Key, tuple[gpubudget.Reading, ...]] = {}  # each member's demand readings
         self.known = True  # False: the budgets could not be listed (no CRD, no RBAC); nothing is bounded
 
     def prime(self, kube: Kube) -> bool:
@@ -156,7 +159,7 @@ class GPUBudgets:
         assert spec.autoscaling is not None
         meta = owner["metadata"]
         key = (meta["namespace"], meta["name"])
-        asked = gpubudget.demand(_hpa(cache, key), spec.autoscaling.min_replicas)
+        asked = self.demand(cache, key, spec)
         if not self.known:
             unread = (
                 "the operator cannot read GPUBudgets (it watches one namespace, or the GPUBudget CRD is not "
@@ -185,7 +188,7 @@ class GPUBudgets:
             if reason is not None:
                 refused[other_key] = reason
                 continue
-            members.append(member(cache, other_key, other_spec))
+            members.append(member(cache, other_key, other_spec, self.demand(cache, other_key, other_spec)))
         if key in refused:
             self._write_status(kube, ref.name, pool, members, refused)
             return _refused(ref.name, spec, asked, refused[key])
@@ -211,6 +214,19 @@ class GPUBudgets:
         if why is not None:
             status["message"] = why
         return Share(limits[key], status)
+
+    def demand(self, cache: ObjectCache, key: Key, spec: InferenceServiceSpec) -> int:
+        """What service `key`'s autoscaler asks for now, held over its scale-down window (its cooldownPeriod):
+        the most it asked for in that window (status/gpubudget.py `remember`)."""
+        assert spec.autoscaling is not None
+        asked = gpubudget.demand(_hpa(cache, key), spec.autoscaling.min_replicas)
+        now = self._clock()
+        with self._lock:
+            readings = gpubudget.remember(
+                self._asked.get(key, ()), now, asked, spec.autoscaling.cooldown_period
+            )
+            self._asked[key] = readings
+        return readings[0][1]
 
     def _refusal(
         self, kube: Kube, name: str, budget: Obj, pool: GPUBudgetSpec, key: Key, spec: InferenceServiceSpec
@@ -342,8 +358,9 @@ def _hpa(cache: ObjectCache, key: Key) -> Obj | None:
     return cache.children(*key).get((HPA_KIND[1], hpa_name(key[1])))
 
 
-def member(cache: ObjectCache, key: Key, spec: InferenceServiceSpec) -> Member:
-    """A member as the allocation reads it, from its spec, its HPA and its pods in the cache."""
+def member(cache: ObjectCache, key: Key, spec: InferenceServiceSpec, demand: int) -> Member:
+    """A member as the allocation reads it, from its spec, its children in the cache and its `demand`
+    (GPUBudgets.demand)."""
     assert spec.autoscaling is not None and spec.autoscaling.budget is not None
     children = cache.children(*key)
     pods = [
@@ -365,7 +382,7 @@ def member(cache: ObjectCache, key: Key, spec: InferenceServiceSpec) -> Member:
         gpus=spec.resources.gpu.count,
         guaranteed=spec.autoscaling.min_replicas,
         ceiling=spec.autoscaling.max_replicas,
-        demand=gpubudget.demand(hpa, spec.autoscaling.min_replicas),
+        demand=demand,
         holding=len(pods),
         committed=committed,
     )

@@ -2,7 +2,7 @@
 docs/design/2026-12-06-gpu-budget.md); reconcile/gpubudget.py applies the result as each member's
 ScaledObject maxReplicaCount.
 
-Two steps, each a pure function of what the pass reads:
+Each step a pure function of what the pass reads:
 
 - `allocate`: each member's **target**, the replicas it may hold. First its guarantee (its autoscaling
   minReplicas, which the budget must cover: `problems`), then what is left, one replica at a time, by priority
@@ -10,6 +10,12 @@ Two steps, each a pure function of what the pass reads:
   among equal priorities the next replica goes to the member with the fewest GPUs above its guarantee (then by
   name), so equals share the slack evenly, counted in GPUs. Work-conserving: GPUs no higher priority can use
   (its demand met, or its replicas too large for what is left) go to lower ones.
+- `remember`: a member's demand as the allocation reads it, held like its HPA holds a scale-in: a rise
+  counts at once, a fall only once it has lasted the member's scale-down window (its cooldownPeriod, which
+  is also its HPA's scale-down stabilization window). Read raw, a busy member's demand dips for a moment
+  whenever its metric does (e.g. its queue drains between two polls); each dip would hand its GPU back to a
+  lower member and take it again a poll later, a flap in which a replica starts that the budget then takes
+  back.
 - `hand_over`: each member's **limit** now, the maxReplicaCount to apply. A target below what a member holds
   applies at once: its HPA scales it in through the normal drain (requests finish, its PodDisruptionBudget is
   honoured). A target above it is granted only into GPUs that are free now, highest priority first: held by
@@ -25,13 +31,19 @@ No I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from .scaling import trigger_values
 
 Key = tuple[str, str]  # (namespace, name) of an InferenceService
 Obj = dict[str, Any]
+Reading = tuple[float, int]  # (when, replicas asked for) of one member's demand
+# kube-controller-manager's --horizontal-pod-autoscaler-tolerance (its default): the HPA leaves the replicas
+# as they are while a metric's ratio to its target is within 10% of 1.
+HPA_TOLERANCE = Decimal("0.1")
 
 
 @dataclass(frozen=True)
@@ -43,7 +55,7 @@ class Member:
     gpus: int  # GPUs per replica (spec.resources.gpu.count)
     guaranteed: int  # replicas it always may hold (spec.autoscaling.minReplicas)
     ceiling: int  # the most it ever may hold (spec.autoscaling.maxReplicas)
-    demand: int  # replicas its autoscaler asks for now (the HPA's desiredReplicas)
+    demand: int  # replicas its autoscaler asks for (the HPA's desiredReplicas, held by `remember`)
     holding: int = 0  # replicas whose pods hold GPUs now (Running or Pending, terminating included)
     # Replicas its autoscaler may already scale to: the most of its ScaledObject's maxReplicaCount as applied,
     # KEDA's HPA's maxReplicas and the Deployment's replicas (0: none of them exists yet).
@@ -163,5 +175,18 @@ def demand(hpa: Obj | None, guaranteed: int) -> int:
     if limited:
         current = int(status.get("currentReplicas") or 0)
         ratios = [value.ratio() for value in trigger_values(hpa, None)]
-        asked = max([asked, *(math.ceil(current * ratio) for ratio in ratios)])
+        asked = max([asked, *(_scaled(current, ratio) for ratio in ratios)])
     return max(asked, guaranteed)
+
+
+def _scaled(current: int, ratio: Decimal) -> int:
+    """The replicas the HPA asks for from one metric: none changed within its tolerance."""
+    return current if abs(ratio - 1) <= HPA_TOLERANCE else math.ceil(current * ratio)
+
+
+def remember(readings: Sequence[Reading], now: float, asked: int, window: float) -> tuple[Reading, ...]:
+    """A member's demand readings after reading `asked` at `now` (see the module's docstring): those of the
+    last `window` seconds that no later one reaches, oldest first, so the first is the most it asked for in
+    the window, which is the demand the allocation uses."""
+    kept = [(when, value) for when, value in readings if now - when < window and value > asked]
+    return (*kept, (now, asked))

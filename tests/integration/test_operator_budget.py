@@ -11,6 +11,7 @@ still holds its GPU: Pending pods are counted)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -34,6 +35,8 @@ def create(kube: client.CustomObjectsApi, name: str, namespace: str, budget: str
         "minReplicas": 1,
         "maxReplicas": 4,
         "metricsSource": "External",
+        # the window a member's demand is held over before it falls (operator/status/gpubudget.py `remember`)
+        "cooldownPeriod": 10,
         "budget": {"name": budget, "priority": priority},
     }
     create_service(kube, name, namespace, scheduling=UNBOUND, autoscaling=autoscaling, replicas=None)
@@ -217,9 +220,12 @@ def test_a_busy_high_priority_service_takes_a_replica_the_low_one_hands_over_fir
     ]
     assert status["gpusAllocated"] == 3 and status["problems"] == []
 
-    # chat's load stops: batch gets its second replica back.
+    # chat's load stops: batch gets its second replica back once chat's demand has stayed low for chat's
+    # cooldownPeriod (10 s), not before.
     demand(cluster_api, namespace, "chat", 1)
+    stopped = time.monotonic()
     wait_until(lambda: max_replicas(raw, namespace, "batch") == 2, "batch's replica back", 60)
+    assert time.monotonic() - stopped >= 10
 
 
 def test_an_operator_killed_before_and_mid_hand_over_scales_in_nothing_and_finishes_it(

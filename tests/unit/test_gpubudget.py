@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from pagoda.operator.status.gpubudget import Member, allocate, hand_over, problems, shortfall
+from pagoda.operator.status.gpubudget import Member, allocate, hand_over, problems, remember, shortfall
 
 
 def member(
@@ -149,3 +149,25 @@ def test_the_shortfall_says_who_holds_the_pool() -> None:
         "budget pool has 1 of 6 GPUs left, fewer than one replica's 2: ns/small (priority 100) holds 3; this "
         "service gets 1 of the 3 replicas it asks for"
     )
+
+
+@pytest.mark.parametrize(
+    ("asked", "expected"),
+    [
+        # (seconds, replicas asked for) read in turn; the demand after each, with a 30 s window
+        ([(0, 2), (10, 1), (20, 2), (30, 1)], [2, 2, 2, 2]),  # dips for a poll: held
+        ([(0, 3), (10, 1), (29, 1), (30, 1)], [3, 3, 3, 1]),  # low for the whole window: falls
+        ([(0, 3), (10, 2), (35, 1), (41, 1)], [3, 3, 2, 1]),  # falls a step at a time as each ages out
+        ([(0, 1), (5, 4), (6, 2)], [1, 4, 4]),  # rises at once
+    ],
+)
+def test_demand_rises_at_once_and_falls_after_the_window(
+    asked: list[tuple[int, int]], expected: list[int]
+) -> None:
+    readings: tuple[tuple[float, int], ...] = ()
+    seen = []
+    for when, value in asked:
+        readings = remember(readings, when, value, 30)
+        seen.append(readings[0][1])
+        assert len(readings) <= 4  # only readings no later one reaches are kept
+    assert seen == expected
