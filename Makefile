@@ -148,7 +148,7 @@ test-runtime: venv guidellm ## Tier 3: the runtime on the real vLLM engine (CPU)
 
 .PHONY: test-e2e
 test-e2e: venv tools packages images ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
-	PAGODA_BIN=$(BIN) $(PYTEST) e2e
+	PAGODA_BIN=$(BIN) $(PYTEST) --durations=40 e2e  # every long step, for docs/testing.md's budget
 
 # `make test` runs two lanes side by side on the two cores, about equally long (docs/testing.md): tiers 1 and 2,
 # then lint, in one; tier 3 (its engines, the longer tier) in the other. Each lane's output is printed whole

@@ -35,7 +35,6 @@ services (`given`), the same pattern of a few seconds; GPUs are not measured (no
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -46,7 +45,7 @@ from typing import Any
 
 import yaml
 from bench_slo_ramp import request_body, summarize
-from servers import ROOT, Smoke, smoke_options
+from servers import ROOT, Smoke, smoke_options, write_report
 
 sys.path.insert(0, str(ROOT))  # the e2e harness, as bench_routing.py uses it
 
@@ -291,10 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "summary": summary,
         "runs": runs,
     }
-    opts.json.parent.mkdir(parents=True, exist_ok=True)
-    opts.json.write_text(json.dumps(report, indent=1))
-    print(table(summary, opts))
-    print(f"\n{report['seconds']} s; raw numbers in {opts.json}")
+    write_report(opts.json, report, table(summary, opts))
     return 0
 
 

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from servers import BIN, ROOT, prepare
+from servers import BIN, ROOT, prepare, write_report
 
 GUIDELLM = Path(os.environ.get("PAGODA_GUIDELLM", ROOT / ".pagoda-dev" / "guidellm" / "bin" / "guidellm"))
 ENGINE_FLAGS = ["--dtype", "float32", "--max-model-len", "1024", "--block-size", "32"]
@@ -240,10 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": os.getloadavg(),
         "shapes": results,
     }
-    opts.json.parent.mkdir(parents=True, exist_ok=True)
-    opts.json.write_text(json.dumps(report, indent=1))
-    print(table(results))
-    print(f"\n{report['seconds']} s; raw numbers in {opts.json}")
+    write_report(opts.json, report, table(results))
     subprocess.run(["rm", "-rf", str(work)], check=False)
     return 0
 

@@ -34,7 +34,6 @@ arm (`given`), a ramp of 1 then 2 clients for 3 s each; replicas are not measure
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import statistics
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from servers import ROOT, Smoke, smoke_options
+from servers import ROOT, Smoke, smoke_options, write_report
 
 sys.path.insert(0, str(ROOT))  # the e2e harness, as bench_routing.py uses it
 
@@ -296,10 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": os.getloadavg(),
         "arms": arms,
     }
-    opts.json.parent.mkdir(parents=True, exist_ok=True)
-    opts.json.write_text(json.dumps(report, indent=1))
-    print(table(arms, opts))
-    print(f"\n{report['seconds']} s; raw numbers in {opts.json}")
+    write_report(opts.json, report, table(arms, opts))
     return 0
 
 

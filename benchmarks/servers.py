@@ -13,12 +13,14 @@ output (`Smoke`), never filled in."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -187,3 +189,11 @@ class Smoke:
             f"SMOKE RUN against {self.url}: every side is that one server (every ratio compares it with "
             f"itself); not measured: {left or 'nothing'}"
         )
+
+
+def write_report(path: Path, numbers: dict[str, Any], table: str) -> None:
+    """A benchmark's end: its raw numbers (with their `seconds`) to `path` as JSON; its table printed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(numbers, indent=1))
+    print(table)
+    print(f"\n{numbers['seconds']} s; raw numbers in {path}")

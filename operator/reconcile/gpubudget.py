@@ -4,13 +4,13 @@ in the member's own pass, and the budget's status.
 A member's pass (a service whose spec.autoscaling.budget names a budget) reads the whole budget from the
 operator's cache: every service naming it, each one's HPA (what its autoscaler asks for: status/gpubudget.py
 `demand`, held over the member's scale-down window by `remember` from the readings kept here, in memory: a
-restarted operator starts from the next reading) and pods (the GPUs they hold). It allocates (`allocate`,
-`hand_over`: pure, status/gpubudget.py) and applies only its own result, as its ScaledObject's
-maxReplicaCount (ChildInputs.budget_limit), so that each object keeps one writer. The others' limits are
-worked out too: a member whose ScaledObject does not have its limit yet is woken (a pass queued), which is
-how one member's load, or another's drained replica, reaches the rest. The budget's status (every member's
-share) is written by whichever member's pass sees it change. A GPUBudget's own watch event wakes its
-members.
+restarted operator starts from the demand its member's status.budget last reported) and pods (the GPUs they
+hold). It allocates (`allocate`, `hand_over`: pure, status/gpubudget.py) and applies only its own result, as
+its ScaledObject's maxReplicaCount (ChildInputs.budget_limit), so that each object keeps one writer. The
+others' limits are worked out too: a member whose ScaledObject does not have its limit yet is woken (a pass
+queued), which is how one member's load, or another's drained replica, reaches the rest. The budget's status
+(every member's share) is written by whichever member's pass sees it change. A GPUBudget's own watch event
+wakes its members.
 
 A service that names a budget the budget does not admit (its namespaceSelector, its product), or one that
 does not exist, holds its guarantee (minReplicas, at least 1) and says why in status.budget.
@@ -188,7 +188,8 @@ class GPUBudgets:
             if reason is not None:
                 refused[other_key] = reason
                 continue
-            members.append(member(cache, other_key, other_spec, self.demand(cache, other_key, other_spec)))
+            asks = asked if other_key == key else self.demand(cache, other_key, other_spec)
+            members.append(member(cache, other_key, other_spec, asks))
         if key in refused:
             self._write_status(kube, ref.name, pool, members, refused)
             return _refused(ref.name, spec, asked, refused[key])
@@ -222,9 +223,11 @@ class GPUBudgets:
         asked = gpubudget.demand(_hpa(cache, key), spec.autoscaling.min_replicas)
         now = self._clock()
         with self._lock:
-            readings = gpubudget.remember(
-                self._asked.get(key, ()), now, asked, spec.autoscaling.cooldown_period
-            )
+            before = self._asked.get(key)
+            if before is None:  # a new operator process: the demand the last one reported counts as read now
+                reported = (((cache.owner(*key) or {}).get("status") or {}).get("budget") or {}).get("demand")
+                before = ((now, reported),) if isinstance(reported, int) else ()
+            readings = gpubudget.remember(before, now, asked, spec.autoscaling.cooldown_period)
             self._asked[key] = readings
         return readings[0][1]
 

@@ -21,6 +21,7 @@ from isvc import create as create_service
 from isvc import get
 from kubernetes import client
 
+from e2e.lab.samples import gpu_budget
 from pagoda.operator.api import GROUP, VERSION
 from pagoda.operator.api.budget import BUDGET_PLURAL
 from pagoda.operator.kube.client import Kube
@@ -140,16 +141,7 @@ def pods(raw: Kube, namespace: str, name: str) -> int:
 def pool(kube: client.CustomObjectsApi, namespace: str) -> Iterator[str]:
     """A GPUBudget of GPUS that admits only this test's namespace."""
     name = f"pool-{namespace[-6:]}"
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "GPUBudget",
-        "metadata": {"name": name},
-        "spec": {
-            "gpus": GPUS,
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-        },
-    }
-    kube.create_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, body)
+    kube.create_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, gpu_budget(name, GPUS, namespace))
     yield name
     kube.delete_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, name)
 
@@ -295,16 +287,8 @@ def test_a_priority_above_the_budgets_grant_is_refused_with_the_field(
     """spec.priorityLimits through the real API server's schema: a team granted 10 that claims 100 holds its
     guarantee and is told why; the budget lists it under refused."""
     name = f"grants-{namespace[-6:]}"
-    body = {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "GPUBudget",
-        "metadata": {"name": name},
-        "spec": {
-            "gpus": GPUS,
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
-            "priorityLimits": [{"namespaceSelector": {}, "maxPriority": 10}],
-        },
-    }
+    body = gpu_budget(name, GPUS, namespace)
+    body["spec"]["priorityLimits"] = [{"namespaceSelector": {}, "maxPriority": 10}]
     kube.create_cluster_custom_object(GROUP, VERSION, BUDGET_PLURAL, body)
     try:
         create(kube, "greedy", namespace, name, 100)

@@ -254,16 +254,22 @@ def test_a_busy_high_priority_member_takes_gpus_only_after_the_lower_one_drains(
     assert run(kube, cache, budgets, "batch")["allocated"] == 3
 
 
-def test_a_busy_members_demand_dipping_for_a_moment_moves_no_gpu() -> None:
-    """The flap e2e/test_budget.py caught in a clean-clone run (docs/budget.md): chat, busy at its limit,
-    read as asking for 1 replica whenever its metric dipped for a poll, so batch's limit went 1 -> 2 -> 1
-    five times in 90 s, and a replica batch started there held a GPU chat was given. Its demand now falls
-    only once it has stayed low for chat's scale-down window."""
+def busy_chat() -> tuple[ObjectCache, GPUBudgets, Kube]:
+    """A budget of 3: chat asks for 2 and holds them, batch asks for 2 and holds the 1 left."""
     cache, budgets, _, kube = fleet(gpus=3)
     cache.observe(hpa("batch", 2, max_replicas=1))
     pods(cache, "batch", 1)
     cache.observe(hpa("chat", 2, max_replicas=2))
     pods(cache, "chat", 2)
+    return cache, budgets, kube
+
+
+def test_a_busy_members_demand_dipping_for_a_moment_moves_no_gpu() -> None:
+    """The flap e2e/test_budget.py caught in a clean-clone run (docs/budget.md): chat, busy at its limit,
+    read as asking for 1 replica whenever its metric dipped for a poll, so batch's limit went 1 -> 2 -> 1
+    five times in 90 s, and a replica batch started there held a GPU chat was given. Its demand now falls
+    only once it has stayed low for chat's scale-down window."""
+    cache, budgets, kube = busy_chat()
     assert run(kube, cache, budgets, "chat")["limit"] == 2
     assert run(kube, cache, budgets, "batch")["limit"] == 1
     before = len(kube.applied)
@@ -277,6 +283,20 @@ def test_a_busy_members_demand_dipping_for_a_moment_moves_no_gpu() -> None:
     assert {m["metadata"]["name"]: m["spec"]["maxReplicaCount"] for m in applied} in ({}, {"batch": 1}), (
         applied
     )
+
+
+def test_a_restarted_operator_holds_the_demand_the_last_one_reported() -> None:
+    """The readings are in the operator's memory; a new process starts from each member's
+    status.budget.demand, so a dip it reads first does not hand chat's GPU over either."""
+    cache, budgets, kube = busy_chat()
+    assert run(kube, cache, budgets, "chat")["demand"] == 2
+    restarted = GPUBudgets(clock=kube.clock)
+    restarted.observe(gpu_budget(3))
+    cache.observe(hpa("chat", 1, max_replicas=2, version=6))  # the first thing the new process reads: a dip
+    assert run(kube, cache, restarted, "batch")["allocated"] == 1
+    assert run(kube, cache, restarted, "chat")["demand"] == 2
+    kube.clock.advance(301)  # chat's demand stayed low for its cooldownPeriod (300 s)
+    assert run(kube, cache, restarted, "batch")["allocated"] == 2
 
 
 def test_a_metric_within_the_hpas_tolerance_asks_for_no_more_replicas() -> None:
