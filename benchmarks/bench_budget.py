@@ -38,7 +38,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -263,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         with private_stack() as stack:
             cluster = stack.cluster
-            operator = run_operator(cluster, Path(tempfile.mkdtemp(prefix="bench-budget-")) / "operator.log")
+            operator = run_operator(cluster, cluster.workdir / "operator.log")
             try:
                 cluster.kubectl("create", "namespace", NAMESPACE)
                 _objects.wait_service_account(None, cluster.api_client(), NAMESPACE, time.monotonic() + 60)

@@ -3,15 +3,17 @@
     .venv/bin/python -m e2e.lab.dashboard_images docs/images
 
 Starts what e2e/test_observability.py starts (a private local control plane, the operator reconciling a
-good and a broken InferenceService, the runtime on the tiny model under load, Prometheus scraping both),
-lets it run for a few minutes, then draws every panel from Prometheus range queries, laid out on the
-dashboard's grid. Not Grafana's look; Grafana's data (the same queries, the same variables).
+good InferenceService, the member of a GPUBudget, and a broken one, the runtime on the tiny model under
+load, Prometheus scraping both), lets it run for a few minutes, then draws every panel from Prometheus range
+queries, laid out on the dashboard's grid. Not Grafana's look; Grafana's data (the same queries, the same
+variables).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,7 @@ from e2e.lab.addons import wait_established  # noqa: E402
 from e2e.lab.cluster import start_private  # noqa: E402
 from e2e.lab.observability import OPERATOR_LABELS, RATE_INTERVAL, RUNTIME_LABELS, Load, Prometheus, Runtime
 from e2e.lab.processes import REPO_ROOT, VENV_BIN, ManagedProcess, OperatorProcess, wait_until  # noqa: E402
-from e2e.lab.samples import tiny_sample  # noqa: E402
+from e2e.lab.samples import gpu_budget, tiny_sample  # noqa: E402
 
 DASHBOARDS = REPO_ROOT / "charts" / "pagoda" / "files" / "dashboards"
 VARIABLES = {
@@ -114,19 +116,29 @@ def main(argv: list[str]) -> int:
     work = Path(tempfile.mkdtemp(prefix="pagoda-dashboard-images-"))
     cluster = start_private()
     procs: list[ManagedProcess] = []
+    drawn = False
     try:
         rules = work / "rules.yaml"
         rules.write_text("groups: []\n")
         prom = Prometheus(work / "prometheus", rule_files=[rules]).start()
         procs.append(prom)
         cluster.kubectl("apply", "--server-side", "-f", str(REPO_ROOT / "crds"))
-        wait_established(cluster, ["crd/inferenceservices.pagoda.dev"], 60)
+        wait_established(cluster, ["crd/inferenceservices.pagoda.dev", "crd/gpubudgets.pagoda.dev"], 60)
         cluster.kubectl("create", "namespace", "ml")
         good = tiny_sample("ml")
         broken = json.loads(json.dumps(good))
         broken["metadata"]["name"] = "tiny-broken"
         broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
-        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([good, broken]))
+        # The good one is the member of a GPUBudget, so that the operator dashboard's budget row has data.
+        good["spec"].pop("replicas", None)
+        good["spec"]["autoscaling"] = {
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "metricsSource": "External",
+            "budget": {"name": "ml-gpus", "priority": 0},
+        }
+        objects = [gpu_budget("ml-gpus", 2, "ml"), good, broken]
+        cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
         operator = OperatorProcess(cluster.kubeconfig, work / "operator.log", resync_seconds=2).start()
         procs.append(operator)
         prom.add_target(f"127.0.0.1:{operator.port}", **OPERATOR_LABELS)
@@ -149,10 +161,16 @@ def main(argv: list[str]) -> int:
         for name in VARIABLES:
             render(prom, name, start - 20, end, outdir / f"dashboard-{name}.png")
             print(f"Wrote {outdir / f'dashboard-{name}.png'}")
+        drawn = True
     finally:
         for proc in reversed(procs):
             proc.stop()
         cluster.stop()
+        if drawn:  # nothing to look at: both folders go
+            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
+        else:
+            print(f"Kept the logs in {work} and {cluster.workdir / 'logs'}.")
     return 0
 
 

@@ -15,6 +15,7 @@ ScaledObjects then need no address of the harness's. The stack needs the real no
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,13 +82,19 @@ def run_operator(cluster: Cluster, log: Path) -> OperatorProcess:
 @contextmanager
 def private_stack(bin_dir: Path | None = None) -> Iterator[Stack]:
     """A private cluster with the real node and the add-ons, for scripts (`python -m e2e.lab.autoscaling`);
-    all stop on exit."""
+    all stop on exit. Its folder goes with it, unless the script failed: then its logs are kept, and named."""
     cluster = start_private(bin_dir, real_node=True)
+    failed = True
     try:
         stack = start_stack(cluster)
         try:
             yield stack
+            failed = False
         finally:
             stack.stop()
     finally:
         cluster.stop()
+        if failed:
+            print(f"Kept the local control plane's logs in {cluster.workdir / 'logs'}.")
+        else:
+            shutil.rmtree(cluster.workdir, ignore_errors=True)
