@@ -66,10 +66,7 @@ def cluster(request: pytest.FixtureRequest, real_node: bool) -> Iterator[Cluster
         for node in nodes:  # `down` leaves nothing behind: no process, mount, cgroup, link or table
             left = realnode.leftovers(node)
             assert not left, f"The real node {node.name} left these behind: {left}"
-        if request.session.testsfailed == 0:
-            shutil.rmtree(instance.workdir, ignore_errors=True)
-        else:
-            print(f"\nKept the local control plane's logs in {instance.workdir / 'logs'}.")
+        instance.discard(failed=request.session.testsfailed > 0)
 
 
 @pytest.fixture(scope="session")

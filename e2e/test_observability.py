@@ -41,7 +41,7 @@ from e2e.lab.observability import (
 )
 from e2e.lab.processes import wait_until
 from e2e.lab.realpods import get_json, pods, service_url, wait_condition
-from e2e.lab.samples import gpu_budget, tiny_sample
+from e2e.lab.samples import budget_member, gpu_budget, tiny_sample
 from e2e.lab.stack import Stack
 
 pytestmark = pytest.mark.e2e
@@ -169,15 +169,8 @@ def reconciling_operator(
     broken = json.loads(json.dumps(sample))
     broken["metadata"]["name"] = "tiny-broken"
     broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
-    budget = gpu_budget(namespace, 2, namespace)
-    sample["spec"].pop("replicas", None)
-    sample["spec"]["autoscaling"] = {  # its pods are kwok's: nothing to scrape, no ServiceMonitor
-        "minReplicas": 1,
-        "maxReplicas": 2,
-        "metricsSource": "External",
-        "budget": {"name": namespace, "priority": 0},
-    }
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([budget, sample, broken]))
+    objects = [gpu_budget(namespace, 2, namespace), budget_member(sample, namespace), broken]
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
     try:
         wait_until(
             lambda: (

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -279,6 +280,14 @@ class Cluster:
             realnode.teardown(self.node, self.bin_dir)
         podnet.release_pod_range(kwok)
         (self.workdir / STATE_FILE).unlink(missing_ok=True)
+
+    def discard(self, failed: bool) -> None:
+        """After `stop`: the cluster's folder goes, unless what ran on it failed; then its logs are kept, and
+        named."""
+        if failed:
+            print(f"\nKept the local control plane's logs in {self.workdir / 'logs'}.")
+        else:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def save_state(self) -> None:
         state = {

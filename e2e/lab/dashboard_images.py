@@ -30,7 +30,7 @@ from e2e.lab.addons import wait_established  # noqa: E402
 from e2e.lab.cluster import start_private  # noqa: E402
 from e2e.lab.observability import OPERATOR_LABELS, RATE_INTERVAL, RUNTIME_LABELS, Load, Prometheus, Runtime
 from e2e.lab.processes import REPO_ROOT, VENV_BIN, ManagedProcess, OperatorProcess, wait_until  # noqa: E402
-from e2e.lab.samples import gpu_budget, tiny_sample  # noqa: E402
+from e2e.lab.samples import budget_member, gpu_budget, tiny_sample  # noqa: E402
 
 DASHBOARDS = REPO_ROOT / "charts" / "pagoda" / "files" / "dashboards"
 VARIABLES = {
@@ -130,14 +130,7 @@ def main(argv: list[str]) -> int:
         broken["metadata"]["name"] = "tiny-broken"
         broken["spec"]["model"]["credentialsSecret"] = "does-not-exist"
         # The good one is the member of a GPUBudget, so that the operator dashboard's budget row has data.
-        good["spec"].pop("replicas", None)
-        good["spec"]["autoscaling"] = {
-            "minReplicas": 1,
-            "maxReplicas": 2,
-            "metricsSource": "External",
-            "budget": {"name": "ml-gpus", "priority": 0},
-        }
-        objects = [gpu_budget("ml-gpus", 2, "ml"), good, broken]
+        objects = [gpu_budget("ml-gpus", 2, "ml"), budget_member(good, "ml-gpus"), broken]
         cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
         operator = OperatorProcess(cluster.kubeconfig, work / "operator.log", resync_seconds=2).start()
         procs.append(operator)
@@ -166,11 +159,11 @@ def main(argv: list[str]) -> int:
         for proc in reversed(procs):
             proc.stop()
         cluster.stop()
-        if drawn:  # nothing to look at: both folders go
+        cluster.discard(failed=not drawn)
+        if drawn:
             shutil.rmtree(work, ignore_errors=True)
-            shutil.rmtree(cluster.workdir, ignore_errors=True)
         else:
-            print(f"Kept the logs in {work} and {cluster.workdir / 'logs'}.")
+            print(f"Kept the operator's, Prometheus' and the runtime's logs in {work}.")
     return 0
 
 

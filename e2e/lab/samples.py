@@ -22,6 +22,19 @@ def tiny_sample(namespace: str, name: str = "tiny", *, real_pods: bool = False) 
     return obj
 
 
+def budget_member(sample: dict[str, Any], budget: str, priority: int = 0) -> dict[str, Any]:
+    """`sample` (a kwok one: no pods to scrape, no KEDA) autoscaled from 1 to 2 replicas as the member of
+    GPUBudget `budget`, so that the budget has a member and its metric a series; `sample` itself, changed."""
+    sample["spec"].pop("replicas", None)
+    sample["spec"]["autoscaling"] = {
+        "minReplicas": 1,
+        "maxReplicas": 2,
+        "metricsSource": "External",
+        "budget": {"name": budget, "priority": priority},
+    }
+    return sample
+
+
 def gpu_budget(name: str, gpus: int, namespace: str) -> dict[str, Any]:
     """A GPUBudget `name` of `gpus` GPUs for the InferenceServices of one namespace (docs/budget.md)."""
     return {

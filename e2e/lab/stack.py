@@ -15,7 +15,6 @@ ScaledObjects then need no address of the harness's. The stack needs the real no
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -94,7 +93,4 @@ def private_stack(bin_dir: Path | None = None) -> Iterator[Stack]:
             stack.stop()
     finally:
         cluster.stop()
-        if failed:
-            print(f"Kept the local control plane's logs in {cluster.workdir / 'logs'}.")
-        else:
-            shutil.rmtree(cluster.workdir, ignore_errors=True)
+        cluster.discard(failed)
