@@ -150,22 +150,14 @@ test-runtime: venv guidellm ## Tier 3: the runtime on the real vLLM engine (CPU)
 test-e2e: venv tools packages images ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) --durations=40 e2e  # every long step, for docs/testing.md's budget
 
-# `make test` runs two lanes side by side on the two cores, about equally long (docs/testing.md): tiers 1 and 2,
-# then lint, in one; tier 3 (its engines, the longer tier) in the other. Each lane's output is printed whole
-# when it ends (--output-sync). Tier 4 follows alone: its engines start beside replicas serving load.
+# `make test` runs tiers 1-3 and lint two at a time on the two cores, the two longest first (tier 2, tier 3),
+# then tier 1 and lint in whichever slot frees first: make's job server balances them, so no split into fixed
+# lanes goes stale when one tier grows (docs/testing.md). Each one's output is printed whole when it ends
+# (--output-sync). Tier 4 follows alone: its engines start beside replicas serving load.
 .PHONY: test
 test: setup ## Install everything and run every test tier.
-	$(MAKE) --no-print-directory -j2 --output-sync=recurse lane-tiers-1-2-lint lane-tier-3
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-integration test-runtime test-unit lint
 	$(MAKE) --no-print-directory test-e2e
-
-.PHONY: lane-tiers-1-2-lint lane-tier-3
-lane-tiers-1-2-lint: venv tools packages
-	$(MAKE) --no-print-directory test-unit
-	$(MAKE) --no-print-directory test-integration
-	$(MAKE) --no-print-directory lint
-
-lane-tier-3: venv tools packages
-	$(MAKE) --no-print-directory test-runtime
 
 .PHONY: checks
 checks: venv tools packages ## lint, then tiers 1 and 2 (one after another).
