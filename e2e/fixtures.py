@@ -3,6 +3,7 @@
 `cluster` (session): a private control plane in a temp dir, or the one at $PAGODA_KUBECONFIG.
 `second_node` (module): pagoda-kubelet-1 beside the real node, for the tests that need two; removed after.
 `namespace` (function): a fresh namespace, deleted afterwards.
+`scratch(request, prefix)`: a fixture's temp folder, removed after it unless a test failed meanwhile.
 Re-export them from a conftest.py:  from e2e.fixtures import cluster, namespace, real_node  # noqa: F401
 """
 
@@ -12,6 +13,7 @@ import contextlib
 import os
 import re
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,6 +34,21 @@ from e2e.lab.cluster import (
     start_private,
 )
 from e2e.lab.stack import Stack, start_stack
+
+
+@contextlib.contextmanager
+def scratch(request: pytest.FixtureRequest, prefix: str) -> Iterator[Path]:
+    """A temporary folder for a fixture's files (logs, a git repository): removed when the fixture ends,
+    unless a test failed while it lived; then kept, and named, for its logs."""
+    failed_before = request.session.testsfailed
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        if request.session.testsfailed > failed_before:
+            print(f"\nKept {path} (a test failed while it was in use).")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,6 @@ What is asserted, each on the Application's status as Argo CD writes it (`status
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.fixtures import scratch
 from e2e.lab import images
 from e2e.lab.addons import install_keda_crds
 from e2e.lab.argocd import EXAMPLES, NAMESPACE, RESYNC_SECONDS, ArgoCD, GitRepo, start_argocd
@@ -162,8 +162,9 @@ class GitOps:
 
 
 @pytest.fixture(scope="module")
-def workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="pagoda-argocd-"))
+def workdir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    with scratch(request, "pagoda-argocd-") as path:
+        yield path
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +207,6 @@ def gitops(cluster: Cluster, workdir: Path) -> Iterator[GitOps]:
             cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
         # Leave the CRD installed for the tests that come after.
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO_ROOT / "crds"))
-        print(f"\nArgo CD's logs are in {workdir / 'argocd' / 'logs'}.")
 
 
 @pytest.fixture(scope="module")

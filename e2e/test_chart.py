@@ -18,7 +18,6 @@ from __future__ import annotations
 import copy
 import json
 import re
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from e2e.fixtures import scratch
 from e2e.lab.addons import wait_established
 from e2e.lab.chartenv import (
     CHART,
@@ -42,6 +42,7 @@ from e2e.lab.chartenv import (
 from e2e.lab.cluster import Cluster
 from e2e.lab.processes import REPO_ROOT, wait_until
 from e2e.lab.samples import tiny_sample
+from e2e.lab.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -81,8 +82,9 @@ def exists(cluster: Cluster, kind: str, namespace: str, name: str) -> bool:
 
 
 @pytest.fixture(scope="module")
-def workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="pagoda-chart-"))
+def workdir(request: pytest.FixtureRequest) -> Iterator[Path]:
+    with scratch(request, "pagoda-chart-") as path:
+        yield path
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +328,7 @@ def test_argocd_sees_no_diff_after_the_operator_reconciled(
 
 
 def test_autoscaled_deployment_replicas_belong_to_the_autoscaler(
-    cluster: Cluster, operator: ChartOperator, samples: tuple[str, Path]
+    cluster: Cluster, operator: ChartOperator, samples: tuple[str, Path], stack: Stack
 ) -> None:
     namespace, _ = samples
     (applied,) = managed_fields(cluster, "deployment", namespace, "tiny-auto", "pagoda-operator")

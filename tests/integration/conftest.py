@@ -3,16 +3,14 @@ operator started as a subprocess exactly as in production (`pagoda-operator`).""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from harness import OperatorProcess
 from kubernetes import client
 
-from e2e.fixtures import cluster, cluster_api, namespace, real_node  # noqa: F401
+from e2e.fixtures import cluster, cluster_api, namespace, real_node, scratch  # noqa: F401
 from e2e.lab.addons import wait_established
 from e2e.lab.cluster import Cluster
 from pagoda.operator.kube.client import Kube
@@ -36,15 +34,15 @@ def crd(cluster: Cluster) -> None:  # noqa: F811
 
 
 @pytest.fixture(scope="session")
-def operator(cluster: Cluster, crd: None) -> Iterator[OperatorProcess]:  # noqa: F811
-    workdir = Path(tempfile.mkdtemp(prefix="pagoda-operator-"))
-    process = OperatorProcess(cluster.kubeconfig, workdir)
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-        print(f"\nThe operator's logs are in {workdir}.")
+def operator(cluster: Cluster, crd: None, request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:  # noqa: F811
+    """The operator process for the session; its logs are kept (and named) when a test failed."""
+    with scratch(request, "pagoda-operator-") as workdir:
+        process = OperatorProcess(cluster.kubeconfig, workdir)
+        process.start()
+        try:
+            yield process
+        finally:
+            process.stop()
 
 
 @pytest.fixture
