@@ -150,10 +150,10 @@ test-runtime: venv guidellm ## Tier 3: the runtime on the real vLLM engine (CPU)
 test-e2e: venv tools packages images ## Tier 4: chart, operator, samples, Prometheus, Argo CD, kubectl together.
 	PAGODA_BIN=$(BIN) $(PYTEST) --durations=40 e2e  # every long step, for docs/testing.md's budget
 
-# `make test` runs tiers 1-3 and lint two at a time on the two cores, the two longest first (tier 2, tier 3),
-# then tier 1 and lint in whichever slot frees first: make's job server balances them, so no split into fixed
-# lanes goes stale when one tier grows (docs/testing.md). Each one's output is printed whole when it ends
-# (--output-sync). Tier 4 follows alone: its engines start beside replicas serving load.
+# `make test` runs tiers 1-3 and lint two at a time on the two cores, each started when a slot frees (the
+# longest listed first): make's job server balances them, so no split into fixed lanes goes stale when one
+# tier grows (docs/testing.md). Each one's output is printed whole when it ends (--output-sync). Tier 4
+# follows alone: its engines start beside replicas serving load.
 .PHONY: test
 test: setup ## Install everything and run every test tier.
 	$(MAKE) --no-print-directory -j2 --output-sync=target test-integration test-runtime test-unit lint
