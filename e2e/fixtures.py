@@ -33,6 +33,7 @@ from e2e.lab.cluster import (
     install_operator,
     start_private,
 )
+from e2e.lab.processes import discard_folder
 from e2e.lab.stack import Stack, start_stack
 
 
@@ -45,10 +46,7 @@ def scratch(request: pytest.FixtureRequest, prefix: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        if request.session.testsfailed > failed_before:
-            print(f"\nKept {path} (a test failed while it was in use).")
-        else:
-            shutil.rmtree(path, ignore_errors=True)
+        discard_folder(path, request.session.testsfailed > failed_before, "a failed test's files")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ from e2e.lab.processes import (
     ComponentProcess,
     Launcher,
     StartError,
+    discard_folder,
     free_ports,
     http_ok,
     program,
@@ -284,10 +284,7 @@ class Cluster:
     def discard(self, failed: bool) -> None:
         """After `stop`: the cluster's folder goes, unless what ran on it failed; then its logs are kept, and
         named."""
-        if failed:
-            print(f"\nKept the local control plane's logs in {self.workdir / 'logs'}.")
-        else:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        discard_folder(self.workdir, failed, "the local control plane's logs", self.workdir / "logs")
 
     def save_state(self) -> None:
         state = {

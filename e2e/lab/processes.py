@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import shutil
 import signal
 import socket
 import ssl
@@ -495,3 +496,12 @@ class OperatorProcess(ManagedProcess, OperatorMetrics):
     def healthy(self) -> bool:
         """Whether /healthz answers 200; fails at once, with its log, if the operator exited."""
         return self.answers(f"{self.url}/healthz")
+
+
+def discard_folder(path: Path, failed: bool, what: str, kept: Path | None = None) -> None:
+    """A harness's working folder, once done with: removed, unless what ran in it failed; then kept, and
+    named (`kept`: the part of it worth reading, e.g. its logs; the folder itself by default)."""
+    if failed:
+        print(f"\nKept {what} in {kept or path}.")
+    else:
+        shutil.rmtree(path, ignore_errors=True)
